@@ -1,0 +1,67 @@
+"""What an ingest operator receives and yields.
+
+Ingest operators turn one source into event tables on the session clock. They run inside
+the ingest worker; their output may hold raw payload (pixels, OCR text) only until the
+de-identification operators of ``operators.deid`` have replaced it, in the same process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import pyarrow as pa
+
+from operators.align.clock import SessionClock
+from operators.base import C, Operator
+from schemas.manifest import SourceSpec
+
+
+@dataclass(frozen=True)
+class SourceContext:
+    """One source of one session, resolved to a local file."""
+
+    session_id: str
+    spec: SourceSpec
+    path: Path
+    uri: str
+    version: str
+
+    @property
+    def clock(self) -> SessionClock:
+        return SessionClock.from_mapping(self.spec.clock)
+
+
+def file_version(path: Path, chunk: int = 1 << 20) -> str:
+    """sha256 of a file's bytes, the version recorded in lineage."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return "sha256:" + h.hexdigest()
+
+
+def event_id(session_id: str, source_id: str, kind: str, index: int) -> str:
+    """Deterministic event id: stable across runs for the same session and source."""
+    return f"{session_id}/{source_id}/{kind}/{index}"
+
+
+class SourceOperator(Operator[C]):
+    """Reads one source and yields event tables in bounded batches."""
+
+    modality: ClassVar[str]
+
+    @abstractmethod
+    def read(self, source: SourceContext) -> Iterator[pa.Table]:
+        """Yield event tables (schema: ``output_schema``) in session-time order.
+
+        Raises ``pipeline.errors.InputError`` (with a reason code) for bad input.
+        """
+
+    @abstractmethod
+    def output_schema(self) -> pa.Schema:
+        """Schema of the tables ``read`` yields."""

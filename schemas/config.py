@@ -1,0 +1,88 @@
+"""Run configuration: every knob of every stage, with the field's defaults.
+
+Users write a YAML/JSON file with any subset of these fields (``modalign run --config``);
+unknown keys are errors that name the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.policy import DeidPolicy
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class VideoIngestConfig(_Strict):
+    sample_fps: float | None = Field(None, gt=0, description="None: every decoded frame")
+    max_pixels: int = Field(3840 * 2160, gt=0, description="frames larger than this are rejected")
+    max_duration_s: float = Field(4 * 3600, gt=0)
+    jpeg_quality: int = Field(90, ge=10, le=100, description="quality of stored de-identified frames")
+
+
+class AudioIngestConfig(_Strict):
+    sample_rate_hz: int = Field(16_000, gt=0)
+    n_mfcc: int = Field(40, gt=0)
+    win_ms: float = Field(25.0, gt=0)
+    hop_ms: float = Field(10.0, gt=0)
+    max_duration_s: float = Field(4 * 3600, gt=0)
+
+
+class PdfIngestConfig(_Strict):
+    dpi: int = Field(200, ge=50, le=600)
+    lang: str = "eng"
+    max_pages: int = Field(500, gt=0)
+    render_timeout_s: float = Field(60.0, gt=0)
+    ocr_timeout_s: float = Field(120.0, gt=0)
+
+
+class IngestConfig(_Strict):
+    video: VideoIngestConfig = VideoIngestConfig()
+    audio: AudioIngestConfig = AudioIngestConfig()
+    pdf: PdfIngestConfig = PdfIngestConfig()
+    max_file_bytes: int = Field(20 * 2**30, gt=0)
+
+
+class AlignConfig(_Strict):
+    tick_hz: float = Field(25.0, gt=0)
+    tolerance_ms: dict[str, float] = Field(
+        default_factory=lambda: {"video": 33.0, "audio": 40.0, "pdf": 200.0},
+        description="per-modality half-window; outside it a tick records a gap",
+    )
+    drift_threshold_ms: float = Field(800.0, gt=0)
+    drift_consecutive_ticks: int = Field(5, ge=1)
+
+
+class EmbedConfig(_Strict):
+    image_model: str = "efficientnet-lite0"
+    text_model: str = "all-minilm-l6-v2"
+    audio_model: str = "mfcc-stats"
+    image_fps: float = Field(1.0, gt=0, description="video frames embedded per second of video")
+    image_size: int = Field(224, ge=32)
+    batch_size: int = Field(16, ge=1)
+    device: str = Field("auto", description="auto | cpu | cuda")
+    weights_dir: Path | None = Field(None, description="override the packaged weights")
+
+
+class RuntimeConfig(_Strict):
+    address: str | None = Field(None, description="Ray address; None starts a local Ray")
+    num_cpus: int | None = Field(None, ge=1, description="local Ray only; default: all cores")
+    ingest_actors: int | None = Field(None, ge=1, description="default: max(1, cpus - 1)")
+    max_in_flight: int = Field(4, ge=1, description="ingest tasks in flight per actor")
+
+
+class RunConfig(_Strict):
+    """Everything ``modalign run`` needs besides INPUT and --out."""
+
+    ingest: IngestConfig = IngestConfig()
+    align: AlignConfig = AlignConfig()
+    policy: DeidPolicy = DeidPolicy()
+    embed: EmbedConfig = EmbedConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+    key_store: Path | None = Field(
+        None, description="pseudonym key vault; default ~/.modalign/keys (never inside the output folder)"
+    )

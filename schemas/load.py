@@ -1,0 +1,52 @@
+"""Load manifests, configs and policies from YAML/JSON with errors that name the field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from pipeline.errors import ConfigError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _format(err: ValidationError, path: Path) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "<root>"
+        parts.append(f"{loc}: {e['msg']}")
+    return f"{path}: " + "; ".join(parts)
+
+
+def read_mapping(path: Path) -> dict:
+    """Parse a YAML or JSON file into a dict, or raise ConfigError naming the file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} is not valid YAML/JSON: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def load_model(model: type[M], path: Path) -> M:
+    """Validate a file against ``model``; ConfigError lists every bad field by dotted path."""
+    data = read_mapping(path)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format(exc, Path(path))) from None
+
+
+def dump_yaml(model: BaseModel) -> str:
+    return yaml.safe_dump(model.model_dump(mode="json", exclude_none=True), sort_keys=False)

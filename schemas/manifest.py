@@ -1,0 +1,107 @@
+"""Session manifests: what users write to describe one capture event.
+
+A manifest lists a session's sources (video, audio, PDF), how each source's clock maps
+onto the session clock, the page schedule of documents and the data subjects present.
+Sample sessions also carry ``ground_truth`` so tests can check outputs against it.
+Validation errors name the offending field; loading is in ``schemas.load``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Modality = Literal["video", "audio", "pdf"]
+
+MEDIA_SUFFIXES: dict[str, Modality] = {
+    ".mp4": "video", ".mov": "video", ".mkv": "video", ".webm": "video", ".avi": "video",
+    ".wav": "audio", ".mp3": "audio", ".m4a": "audio", ".flac": "audio", ".ogg": "audio", ".aac": "audio",
+    ".pdf": "pdf",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ClockMapping(_Strict):
+    """Maps a source's local clock onto the session clock.
+
+    ``t_session_ns = offset_ns + t_local_ns + t_local_ns * skew_ppm / 1e6``, computed in
+    integers (see ``operators.align.clock``) so hours of media convert without float drift.
+    """
+
+    offset_ns: int = Field(0, description="session-clock time of the source's local zero, ns")
+    skew_ppm: float = Field(0.0, ge=-10_000, le=10_000, description="source clock rate error, parts per million")
+    estimated: bool = Field(False, description="True when offset/skew came from estimation, not the manifest")
+
+
+class SourceSpec(_Strict):
+    """One object (file or object-store key) in a session."""
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="unique within the session")
+    uri: str = Field(min_length=1, description="path (relative to the manifest) or URI")
+    modality: Modality
+    clock: ClockMapping = ClockMapping()
+    page_schedule_ns: list[int] | None = Field(
+        None, description="PDF only: local time at which each page becomes active (page i until page i+1)"
+    )
+    page_duration_ns: int = Field(
+        5_000_000_000, gt=0, description="PDF without schedule: each page held this long, sequentially"
+    )
+
+    @field_validator("page_schedule_ns")
+    @classmethod
+    def _schedule_sorted(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None:
+            if any(b <= a for a, b in zip(v, v[1:])):
+                raise ValueError("page_schedule_ns must be strictly increasing")
+            if v and v[0] < 0:
+                raise ValueError("page_schedule_ns must not be negative")
+        return v
+
+    @model_validator(mode="after")
+    def _schedule_only_for_pdf(self) -> "SourceSpec":
+        if self.page_schedule_ns is not None and self.modality != "pdf":
+            raise ValueError(f"source {self.id!r}: page_schedule_ns is only valid for modality 'pdf'")
+        return self
+
+
+class PlantedPII(_Strict):
+    """A personal-data item planted in a sample session (ground truth for tests)."""
+
+    kind: Literal["person", "email", "phone", "iban", "card", "address", "date_of_birth", "ip"]
+    value: str
+    page_index: int | None = None
+
+
+class GroundTruth(_Strict):
+    """What a generated sample session is known to contain."""
+
+    duration_ns: int
+    transcript: str = ""
+    speech_source_id: str | None = None
+    audio_offsets_ns: dict[str, int] = Field(default_factory=dict, description="true clock offset per source id")
+    slide_words: list[str] = Field(default_factory=list, description="non-personal words printed on the slides")
+    planted_pii: list[PlantedPII] = Field(default_factory=list)
+    face_source_id: str | None = None
+
+
+class Manifest(_Strict):
+    """A session: several sources sharing one timeline."""
+
+    session_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+    sources: list[SourceSpec] = Field(min_length=1)
+    subjects: list[str] = Field(default_factory=list, description="data-subject ids present in the session")
+    tenant: str = Field("default", description="pseudonym key scope")
+    ground_truth: GroundTruth | None = None
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> "Manifest":
+        seen: set[str] = set()
+        for s in self.sources:
+            if s.id in seen:
+                raise ValueError(f"duplicate source id {s.id!r}")
+            seen.add(s.id)
+        return self

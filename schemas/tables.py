@@ -1,0 +1,233 @@
+"""Row models of every table modalign writes; their Arrow schemas derive from these.
+
+Each class is the single declaration of one table: pydantic validates rows built in
+Python (CTAL rows, quarantine rows) and ``schemas.arrow.arrow_schema`` gives the Parquet
+schema. Column names carry units (``t_ns``, ``residual_ns``); times are int64 ns on the
+session clock. Every output row carries the lineage columns of ``LineageColumns``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.arrow import Arrow, arrow_schema
+
+F32List = Annotated[list[float], Arrow(pa.list_(pa.float32()))]
+I32 = Annotated[int, Arrow(pa.int32())]
+F32 = Annotated[float, Arrow(pa.float32())]
+
+
+class _Row(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    TABLE: ClassVar[str] = ""
+
+    @classmethod
+    def schema(cls) -> pa.Schema:
+        return arrow_schema(cls)
+
+
+class LineageColumns(_Row):
+    """Where a row came from; present on every output row."""
+
+    session_id: str
+    source_id: str
+    source_uri: str
+    source_version: str = Field(description="sha256 of the source bytes (or the object's etag)")
+    operators: str = Field(description="operator kind@version chain that produced the row, ';'-separated")
+    policy: str = Field(description="de-identification policy id@version")
+    model_id: str | None = Field(None, description="embedding model name@weights-hash, if any")
+
+
+class Box(BaseModel):
+    """A pixel box in the frame or page it belongs to."""
+
+    x0: I32
+    y0: I32
+    x1: I32
+    y1: I32
+    score: F32 = 1.0
+
+
+class DeidHeader(BaseModel):
+    """What de-identification did to a segment."""
+
+    policy: str
+    method: str = Field(description="e.g. blur_permute, pseudonymise, waveform_dropped")
+    detector: str = Field(description="detector name@version")
+    count: I32 = Field(description="items removed in this segment")
+    threshold: F32 = 0.0
+
+
+class Word(BaseModel):
+    """One OCR word; ``text`` is already de-identified (a pseudonym where ``entity`` is set)."""
+
+    text: str
+    x0: I32
+    y0: I32
+    x1: I32
+    y1: I32
+    conf: F32
+    entity: str | None = None
+
+
+class VideoFrameRow(LineageColumns):
+    """A de-identified video frame (events/video)."""
+
+    TABLE: ClassVar[str] = "events_video"
+    event_id: str
+    t_ns: int
+    pts: int = Field(description="presentation timestamp in the stream's time base")
+    time_base: str = Field(description="stream time base as 'num/den'")
+    frame_index: I32
+    width: I32
+    height: I32
+    frame_jpeg: bytes = Field(description="de-identified frame, JPEG")
+    face_boxes: list[Box]
+    deid: DeidHeader
+
+
+class MfccRow(LineageColumns):
+    """One MFCC frame (10 ms hop) of an audio source (events/audio); the waveform is never stored."""
+
+    TABLE: ClassVar[str] = "events_audio"
+    event_id: str
+    t_ns: int
+    frame_index: int
+    mfcc: F32List
+    deid: DeidHeader
+
+
+class TextBlockRow(LineageColumns):
+    """One OCR (or text-layer) block of a PDF page (events/pdf), personal data pseudonymised."""
+
+    TABLE: ClassVar[str] = "events_pdf"
+    event_id: str
+    t_ns: int = Field(description="session time from which the page is shown")
+    end_t_ns: int | None = Field(description="session time at which the next page replaces it (None: last page)")
+    page_index: I32
+    block_index: I32
+    text: str
+    words: list[Word]
+    box: Box
+    extraction: str = Field(description="ocr | text_layer")
+    dpi: I32
+    timing: str = Field(description="schedule | sequential")
+    deid: DeidHeader
+
+
+class RecordRow(LineageColumns):
+    """One tick x one source of the aligned timeline (records/)."""
+
+    TABLE: ClassVar[str] = "records"
+    tick_index: int
+    t_ns: int
+    modality: str
+    event_id: str | None = Field(description="matched event, None for a gap")
+    event_t_ns: int | None
+    residual_ns: int | None = Field(description="event_t_ns - t_ns")
+    decision: str = Field(description="matched | gap")
+
+
+class CtalRow(_Row):
+    """Cross-modal timestamp alignment log: one row per non-clean tick decision."""
+
+    TABLE: ClassVar[str] = "ctal"
+    event_id: str
+    trace_id: str
+    session_id: str
+    stage: str
+    tick_index: int
+    aligned_t_ns: int
+    modalities: list[str]
+    observed_offsets_ns: list[int | None]
+    decision: str = Field(description="matched | gap | late | interpolated")
+    reason: str
+    latency_ms: list[float] = Field(description="processing latency per modality, ms, same order as modalities")
+
+
+class CtalSummaryRow(_Row):
+    """Per-session, per-source alignment summary."""
+
+    TABLE: ClassVar[str] = "ctal_summary"
+    session_id: str
+    source_id: str
+    modality: str
+    ticks: int
+    matched: int
+    gaps: int
+    residual_p50_ms: float | None
+    residual_p95_ms: float | None
+    residual_max_ms: float | None
+    offset_ns: int
+    skew_ppm: float
+    offset_method: str = Field(description="manifest | estimated")
+
+
+class DriftAlarmRow(_Row):
+    """Max pairwise residual above threshold for N consecutive ticks."""
+
+    TABLE: ClassVar[str] = "drift_alarms"
+    session_id: str
+    start_tick: int
+    end_tick: int
+    start_t_ns: int
+    end_t_ns: int
+    max_residual_ms: float
+    sources: list[str]
+
+
+class FeatureRow(LineageColumns):
+    """One embedding at one granularity (features/)."""
+
+    TABLE: ClassVar[str] = "features"
+    feature_id: int = Field(description="FAISS id of this row")
+    cache_key: str
+    granularity: str = Field(description="frame | roi | patch")
+    modality: str
+    event_id: str
+    t_ns: int
+    box: Box | None
+    dim: I32
+    vector: F32List
+
+
+class QuarantineRow(_Row):
+    """A rejected input or range: never its payload, only what and why."""
+
+    TABLE: ClassVar[str] = "quarantine"
+    session_id: str
+    source_id: str | None
+    source_uri: str
+    source_version: str | None
+    stage: str
+    reason_code: str
+    message: str
+    start_t_ns: int | None = None
+    end_t_ns: int | None = None
+
+
+class SourceLineageRow(_Row):
+    """One ingested source and what was removed from it (lineage/sources)."""
+
+    TABLE: ClassVar[str] = "lineage_sources"
+    run_id: str
+    session_id: str
+    source_id: str
+    source_uri: str
+    source_version: str
+    modality: str
+    status: str = Field(description="ingested | quarantined | partial")
+    events: int
+    operators: str
+    policy: str
+    deid: list[DeidHeader]
+    subjects: list[str]
+
+
+ALL_TABLES: tuple[type[_Row], ...] = (
+    VideoFrameRow, MfccRow, TextBlockRow, RecordRow, CtalRow, CtalSummaryRow,
+    DriftAlarmRow, FeatureRow, QuarantineRow, SourceLineageRow,
+)
