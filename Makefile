@@ -1,0 +1,45 @@
+# modalign: two commands on a fresh machine.
+#   make demo   install what is missing, generate a sample session, run the pipeline on a local Ray
+#   make test   install what is missing, run the test suite (what CI runs)
+# Both are idempotent: a second run only re-checks the stamps (seconds).
+
+PYTHON  ?= python3.11
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+APT_PKGS := tesseract-ocr tesseract-ocr-eng poppler-utils espeak-ng
+SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+LOCK    := $(shell cat pyproject.toml requirements/no-deps.txt | sha256sum | cut -c1-12)
+STAMP   := $(VENV)/.installed-$(LOCK)
+DURATION ?= 12
+PYTEST_ARGS ?=
+
+.PHONY: setup system-deps demo test test-unit bench clean
+
+setup: system-deps $(STAMP)
+
+system-deps:
+	@if ! command -v tesseract >/dev/null || ! tesseract --list-langs 2>/dev/null | grep -qx eng \
+	    || ! command -v pdftoppm >/dev/null || ! command -v espeak-ng >/dev/null; then \
+	  echo "installing Debian packages: $(APT_PKGS)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(APT_PKGS); \
+	fi
+
+$(STAMP): pyproject.toml requirements/no-deps.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps -r requirements/no-deps.txt
+	@rm -f $(VENV)/.installed-* && touch $@
+
+demo: setup
+	$(BIN)/modalign sample sample --duration $(DURATION)
+	$(BIN)/modalign run sample/manifest.yaml --out out
+
+test: setup
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test-unit: setup
+	$(BIN)/pytest -m unit $(PYTEST_ARGS)
+
+clean:
+	rm -rf out sample .pytest_cache .hypothesis

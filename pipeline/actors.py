@@ -1,0 +1,103 @@
+"""Ray actors wrapping the stage operators: ingest, align, embed.
+
+The only module besides ``pipeline.runner`` that imports ``ray``. Each actor builds its
+operators once (``setup`` loads models) and limits torch and tesseract to one thread:
+Ray gives parallelism across actors, and oversubscribed BLAS threads only slow a
+shared machine. Restart policies are explicit (Ray's default is at-most-once).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import ray
+
+from schemas.config import RunConfig
+
+
+def _single_threaded() -> None:
+    os.environ["OMP_THREAD_LIMIT"] = "1"  # tesseract: its own threading is slower on few cores
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@ray.remote(max_restarts=2, max_task_retries=0)
+class IngestActor:
+    """Decodes and de-identifies sources; yields metadata and de-identified payload refs.
+
+    Generator tasks are not retried (a retry would re-yield items already forwarded);
+    event files have deterministic names, so a re-run replaces rather than duplicates.
+    """
+
+    def __init__(self, config_json: str, out_root: str, key_store_dir: str) -> None:
+        from pipeline.worker import IngestWorker
+
+        _single_threaded()
+        self.worker = IngestWorker(RunConfig.model_validate_json(config_json), Path(out_root), Path(key_store_dir))
+
+    def ingest(self, ctx: Any, tenant: str, subjects: tuple[str, ...]):
+        for kind, payload in self.worker.ingest(ctx, tenant, subjects):
+            if kind == "embed":
+                modality, table = payload
+                # Payload goes to the object store once, by reference; the driver never copies it.
+                yield kind, (modality, ray.put(table), table.num_rows)
+            else:
+                yield kind, payload
+
+
+@ray.remote(max_restarts=2, max_task_retries=2)
+class AlignerActor:
+    """One per session: collects event times from all sources, then writes the timeline."""
+
+    def __init__(self, session_id: str, config_json: str, out_root: str) -> None:
+        from operators.align.aligner import TickAligner
+        from pipeline.layout import OutputLayout
+
+        self.cfg = RunConfig.model_validate_json(config_json)
+        self.aligner = TickAligner(session_id, self.cfg.align)
+        self.layout = OutputLayout(Path(out_root))
+        self.session_id = session_id
+
+    def register(self, source_id: str, modality: str, lineage: dict, clock: Any) -> None:
+        self.aligner.register(source_id, modality, lineage, clock)
+
+    def add(self, source_id: str, events: pa.Table, latency_ms: float = 0.0) -> int:
+        self.aligner.add(source_id, events, latency_ms)
+        return events.num_rows
+
+    def finish(self) -> dict:
+        from pipeline.layout import write_jsonl, write_table
+
+        res = self.aligner.finish()
+        sid = self.session_id
+        write_table(self.layout.records(sid), res.records)
+        write_table(self.layout.ctal(sid), res.ctal)
+        write_jsonl(self.layout.ctal(sid).with_suffix(".jsonl"), res.ctal.to_pylist())
+        write_table(self.layout.ctal(sid, "summary"), res.summary)
+        write_table(self.layout.ctal(sid, "alarms"), res.alarms)
+        return dict(
+            ticks=res.ticks, ctal_rows=res.ctal.num_rows, drift_alarms=res.alarms.num_rows,
+            gaps=int(sum(r["gaps"] for r in res.summary.to_pylist())), summary=res.summary.to_pylist(),
+        )
+
+
+@ray.remote(max_restarts=2, max_task_retries=2)
+class EmbedActor:
+    """Embeds de-identified payload batches into the feature cache and feature files."""
+
+    def __init__(self, config_json: str, out_root: str) -> None:
+        from pipeline.embedding import Embedder
+
+        _single_threaded()
+        self.embedder = Embedder(RunConfig.model_validate_json(config_json), Path(out_root))
+
+    def embed(self, modality: str, table: pa.Table, lineage: dict, part: int) -> dict:
+        return self.embedder.embed(modality, table, lineage, part)
+
+    def flush(self) -> dict:
+        return self.embedder.flush()

@@ -1,0 +1,73 @@
+"""The embedding stage body: de-identified payload -> feature rows + cache entries.
+
+Wrapped by ``pipeline.actors.EmbedActor``; Ray-free so tests run it in-process. One
+feature cache per actor, persisted under ``OUT/cache`` so a re-run finds its features.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.layout import OutputLayout, with_lineage, write_table
+from schemas.config import RunConfig
+from schemas.tables import FeatureRow
+
+
+class Embedder:
+    def __init__(self, config: RunConfig, out_root: Path) -> None:
+        from operators.cache.store import FeatureCache
+
+        self.config = config
+        self.layout = OutputLayout(Path(out_root))
+        self.cache = FeatureCache(self.layout.cache_dir)
+        self._ops: dict[str, Any] = {}
+
+    def _op(self, modality: str):
+        if modality in self._ops:
+            return self._ops[modality]
+        e = self.config.embed
+        if modality == "video":
+            from operators.embed.image import FrameEmbedOperator, ImageEmbedConfig
+
+            op = FrameEmbedOperator(ImageEmbedConfig(
+                weights_path=e.weights_dir, image_size=e.image_size, batch_size=e.batch_size, device=e.device),
+                cache=self.cache)
+        elif modality == "pdf":
+            from operators.embed.text import TextEmbedConfig, TextEmbedOperator
+
+            op = TextEmbedOperator(TextEmbedConfig(batch_size=e.batch_size, device=e.device), cache=self.cache)
+        elif modality == "audio":
+            from operators.embed.audio import AudioEmbedConfig, AudioEmbedOperator
+
+            op = AudioEmbedOperator(AudioEmbedConfig(), cache=self.cache)
+        else:
+            raise KeyError(modality)
+        self._ops[modality] = op
+        return op
+
+    def embed(self, modality: str, table: pa.Table, lineage: dict, part: int) -> dict:
+        """Embed one payload batch of a source; writes one feature file per granularity."""
+        if table.num_rows == 0:
+            return {"rows": 0, "model_id": None, "granularities": {}}
+        op = self._op(modality)
+        feats = op.process(table)
+        if feats.num_rows == 0:
+            return {"rows": 0, "model_id": None, "granularities": {}}
+        model_id = feats.column("model_id")[0].as_py()
+        lin = dict(lineage, operators=f"{lineage['operators']};{op.tag}", model_id=model_id)
+        counts = {}
+        for gran in sorted(set(feats.column("granularity").to_pylist())):
+            sub = feats.filter(pc.equal(feats.column("granularity"), gran))
+            out = with_lineage(sub.drop_columns(["model_id"]), lin, FeatureRow.schema())
+            write_table(self.layout.features(model_id, gran, lineage["session_id"], lineage["source_id"], part), out)
+            counts[gran] = sub.num_rows
+        return {"rows": feats.num_rows, "model_id": model_id, "granularities": counts}
+
+    def flush(self) -> dict:
+        """Persist new cache entries; returns hit/miss counts per granularity."""
+        self.cache.flush()
+        return self.cache.stats()

@@ -1,0 +1,78 @@
+"""``modalign inspect OUT``: a human summary of an output folder, read with DuckDB."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.errors import ConfigError
+
+
+def _glob(root: Path, pattern: str) -> str | None:
+    return str(root / pattern) if any(root.glob(pattern)) else None
+
+
+def collect(out: Path) -> dict:
+    """Counts, residual stats per source, alarms and quarantine of an output folder."""
+    import duckdb
+
+    out = Path(out)
+    if not (out / "run.json").is_file():
+        raise ConfigError(f"{out} is not a modalign output folder (no run.json); run `modalign run ... --out {out}`")
+    run = json.loads((out / "run.json").read_text())
+    con = duckdb.connect()
+    info: dict = {"run": run, "residuals": [], "alarms": [], "quarantine": [], "tables": {}}
+    summary = _glob(out, "ctal/summary/*.parquet")
+    if summary:
+        info["residuals"] = con.execute(
+            f"SELECT session_id, source_id, modality, ticks, matched, gaps, residual_p50_ms, residual_p95_ms, "
+            f"residual_max_ms, offset_ns, offset_method FROM read_parquet('{summary}') ORDER BY 1, 2"
+        ).fetch_arrow_table().to_pylist()
+    alarms = _glob(out, "ctal/alarms/*.parquet")
+    if alarms:
+        info["alarms"] = con.execute(f"SELECT * FROM read_parquet('{alarms}') ORDER BY session_id, start_tick") \
+            .fetch_arrow_table().to_pylist()
+    q = _glob(out, "quarantine/*.parquet")
+    if q:
+        info["quarantine"] = con.execute(
+            f"SELECT session_id, source_uri, stage, reason_code, message FROM read_parquet('{q}') ORDER BY 1, 2"
+        ).fetch_arrow_table().to_pylist()
+    for name, pattern in [("records", "records/*.parquet"), ("events_video", "events/video/*/*.parquet"),
+                          ("events_audio", "events/audio/*/*.parquet"), ("events_pdf", "events/pdf/*/*.parquet"),
+                          ("ctal", "ctal/*.parquet"), ("features", "features/*/*/*.parquet")]:
+        g = _glob(out, pattern)
+        info["tables"][name] = con.execute(f"SELECT count(*) FROM read_parquet('{g}')").fetchone()[0] if g else 0
+    return info
+
+
+def render(info: dict) -> str:
+    run, c = info["run"], info["run"]["counts"]
+    lines = [
+        f"run {run['run_id'][:8]}  finished {run['finished_at']}  in {run['elapsed_s']} s  policy {run['versions']['policy']}",
+        f"sessions {c['sessions']}  ticks {c['ticks']}  events video {c['events']['video']} / audio "
+        f"{c['events']['audio']} / pdf {c['events']['pdf']}",
+        f"de-identified: {c['faces_blurred']} face boxes blurred, {c['pii_replaced']} personal-data items replaced",
+        f"features: " + ", ".join(f"{g} {n}" for g, n in c["features"].items()) +
+        "  cache: " + ", ".join(f"{g} {v.get('hits', 0)} hit/{v.get('misses', 0)} miss" for g, v in c["cache"].items()),
+        "",
+        "alignment residuals (|event - tick|, ms):",
+        f"  {'session':<20} {'source':<14} {'modality':<8} {'matched':>8} {'gaps':>6} {'p50':>7} {'p95':>7} {'max':>7}  offset",
+    ]
+    fmt = lambda v: f"{v:7.2f}" if v is not None else "      -"
+    for r in info["residuals"]:
+        lines.append(
+            f"  {r['session_id']:<20} {r['source_id']:<14} {r['modality']:<8} {r['matched']:>8} {r['gaps']:>6} "
+            f"{fmt(r['residual_p50_ms'])} {fmt(r['residual_p95_ms'])} {fmt(r['residual_max_ms'])}  "
+            f"{r['offset_ns'] / 1e6:+.1f} ms ({r['offset_method']})"
+        )
+    lines.append("")
+    lines.append(f"drift alarms: {len(info['alarms'])}")
+    for a in info["alarms"]:
+        lines.append(f"  {a['session_id']} ticks {a['start_tick']}-{a['end_tick']} "
+                     f"({a['start_t_ns'] / 1e9:.2f}-{a['end_t_ns'] / 1e9:.2f} s) max {a['max_residual_ms']:.0f} ms")
+    lines.append(f"quarantined: {len(info['quarantine'])}")
+    for q in info["quarantine"]:
+        lines.append(f"  [{q['reason_code']}] {q['source_uri']} ({q['stage']}): {q['message']}")
+    lines.append("")
+    lines.append("tables (rows): " + ", ".join(f"{k} {v}" for k, v in info["tables"].items()))
+    return "\n".join(lines)

@@ -1,0 +1,134 @@
+"""The output folder: where each table lives, and atomic, idempotent writes.
+
+Every file name is deterministic (session, source, stage, part), so a re-run overwrites
+instead of duplicating; every write goes to a temporary name in the same folder and is
+renamed into place, so a reader never sees half a file.
+
+    OUT/run.json                               counts and versions of the last run
+    OUT/events/{video,audio,pdf}/SESSION/SOURCE-PART.parquet   de-identified events
+    OUT/records/SESSION.parquet                aligned timeline: tick x source
+    OUT/ctal/SESSION.parquet, SESSION.jsonl    CTAL log (non-clean decisions)
+    OUT/ctal/summary/SESSION.parquet           residual stats and offsets per source
+    OUT/ctal/alarms/SESSION.parquet            drift alarms
+    OUT/features/MODEL/GRANULARITY/SESSION-SOURCE-PART.parquet   embeddings
+    OUT/index/MODEL__GRANULARITY.faiss         FAISS index (ids = features.feature_id)
+    OUT/cache/                                 content-addressed feature cache
+    OUT/lineage/sources/SESSION.parquet        per source: version, operators, policy, what was removed
+    OUT/quarantine/SESSION.parquet             rejected inputs and ranges, with reasons
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.@=-]+")
+
+
+def safe_name(name: str) -> str:
+    """A file-name-safe form of an id (model ids contain '@', kept)."""
+    return _SAFE.sub("_", name)
+
+
+@dataclass(frozen=True)
+class OutputLayout:
+    root: Path
+
+    def events(self, modality: str, session_id: str, source_id: str, part: int) -> Path:
+        return self.root / "events" / modality / safe_name(session_id) / f"{safe_name(source_id)}-{part:05d}.parquet"
+
+    def events_dir(self, modality: str, session_id: str) -> Path:
+        return self.root / "events" / modality / safe_name(session_id)
+
+    def records(self, session_id: str) -> Path:
+        return self.root / "records" / f"{safe_name(session_id)}.parquet"
+
+    def ctal(self, session_id: str, kind: str = "") -> Path:
+        base = self.root / "ctal" / kind if kind else self.root / "ctal"
+        return base / f"{safe_name(session_id)}.parquet"
+
+    def features(self, model_id: str, granularity: str, session_id: str, source_id: str, part: int) -> Path:
+        name = f"{safe_name(session_id)}-{safe_name(source_id)}-{part:05d}.parquet"
+        return self.root / "features" / safe_name(model_id) / granularity / name
+
+    def index(self, model_id: str, granularity: str) -> Path:
+        return self.root / "index" / f"{safe_name(model_id)}__{granularity}.faiss"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.root / "cache"
+
+    def lineage_sources(self, session_id: str) -> Path:
+        return self.root / "lineage" / "sources" / f"{safe_name(session_id)}.parquet"
+
+    def quarantine(self, session_id: str) -> Path:
+        return self.root / "quarantine" / f"{safe_name(session_id)}.parquet"
+
+    @property
+    def run_json(self) -> Path:
+        return self.root / "run.json"
+
+
+def _atomic(path: Path, write) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def write_table(path: Path, table: pa.Table) -> Path:
+    """Write Parquet (zstd) atomically."""
+    return _atomic(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+
+
+def write_json(path: Path, obj: Any) -> Path:
+    def w(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2, sort_keys=True, default=str)
+            f.write("\n")
+
+    return _atomic(path, w)
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    def w(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for r in rows:
+                f.write(json.dumps(r, sort_keys=True, default=str) + "\n")
+
+    return _atomic(path, w)
+
+
+def with_lineage(table: pa.Table, lineage: dict[str, Any], schema: pa.Schema) -> pa.Table:
+    """Add constant lineage columns to ``table`` and cast it to the output ``schema``."""
+    n = table.num_rows
+    cols = []
+    for field in schema:
+        if field.name in table.column_names:
+            cols.append(table.column(field.name).cast(field.type))
+        elif field.name in lineage:
+            cols.append(pa.array([lineage[field.name]] * n, type=field.type))
+        else:
+            raise KeyError(f"column {field.name!r} missing for table {schema.metadata.get(b'table', b'?').decode()}")
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def remove_parts(directory: Path, prefix: str) -> None:
+    """Remove earlier part files of one source before it is written again (idempotent re-runs)."""
+    if directory.is_dir():
+        for p in directory.glob(f"{safe_name(prefix)}-[0-9][0-9][0-9][0-9][0-9].parquet"):
+            p.unlink()

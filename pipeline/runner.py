@@ -1,0 +1,312 @@
+"""``modalign run``: the batch job on local Ray or a cluster.
+
+Discovery validates every manifest first (a bad one stops the run before any work).
+Then, per source, an ingest actor streams de-identified items back: metadata goes to the
+session's aligner actor, payload refs to the embed actor (at most ``max_in_flight``
+pending per ingest stream, so memory stays bounded), quarantine and lineage rows to the
+driver. At the end the aligners write the timeline and CTAL log, the FAISS indexes are
+built from the feature files, and ``run.json`` records the counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import threading
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+
+from operators.ingest.base import SourceContext, file_version
+from pipeline.discovery import Session, discover
+from pipeline.errors import ConfigError
+from pipeline.layout import OutputLayout, write_json, write_table
+from schemas.arrow import rows_to_table
+from schemas.config import RunConfig
+from schemas.tables import QuarantineRow, SourceLineageRow
+
+log = logging.getLogger("modalign")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_QUARANTINED = 3  # the run completed, some inputs (or ranges) were quarantined
+
+
+def default_key_store() -> Path:
+    return Path(os.environ.get("MODALIGN_KEY_STORE", Path.home() / ".modalign" / "keys"))
+
+
+@dataclass
+class _SessionState:
+    session: Session
+    aligner: Any
+    quarantine: list[dict] = field(default_factory=list)
+    lineage: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class _SourceJob:
+    """State of one source's ingest stream on the driver."""
+
+    ctx: SourceContext
+    started: float
+    lineage: dict
+    events: int = 0
+    part: int = 0
+    pending: list = field(default_factory=list)
+    lineage_row: dict | None = None
+
+
+class Runner:
+    def __init__(self, config: RunConfig, out: Path, progress: Callable[[str], None] | None = None) -> None:
+        self.config = config
+        self.out = Path(out)
+        self.layout = OutputLayout(self.out)
+        self.progress = progress or (lambda msg: log.info(msg))
+        self.key_store = Path(config.key_store) if config.key_store else default_key_store()
+        if self.key_store.resolve().is_relative_to(self.out.resolve()):
+            raise ConfigError("key_store must be outside the output folder (pseudonym keys are never outputs)")
+        self.run_id = uuid.uuid4().hex
+        self._lock = threading.Lock()
+        self.counts: Counter = Counter()
+
+    # -- Ray ---------------------------------------------------------------------------
+    def _init_ray(self) -> int:
+        import ray
+
+        rt = self.config.runtime
+        if ray.is_initialized():
+            return int(ray.cluster_resources().get("CPU", 1))
+        if rt.address:
+            ray.init(address=rt.address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=rt.num_cpus or os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
+        return int(ray.cluster_resources().get("CPU", 1))
+
+    # -- the run -----------------------------------------------------------------------
+    def run(self, input_path: Path) -> dict:
+        import ray
+
+        from pipeline.actors import AlignerActor, EmbedActor, IngestActor
+
+        started = time.time()
+        sessions = discover(Path(input_path))  # ConfigError before any work
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.key_store.mkdir(parents=True, exist_ok=True, mode=0o700)
+        cpus = self._init_ray()
+        n_ingest = self.config.runtime.ingest_actors or max(1, cpus - 1)
+        cfg_json = self.config.model_dump_json()
+        self.progress(f"run {self.run_id[:8]}: {len(sessions)} session(s), {n_ingest} ingest actor(s), {cpus} CPU(s)")
+
+        ingest_actors = [IngestActor.options(num_cpus=1).remote(cfg_json, str(self.out), str(self.key_store))
+                         for _ in range(n_ingest)]
+        embedder = EmbedActor.options(num_cpus=1 if cpus > 1 else 0).remote(cfg_json, str(self.out))
+
+        states: list[_SessionState] = []
+        jobs: list[tuple[_SessionState, SourceContext]] = []
+        for s in sessions:
+            aligner = AlignerActor.options(num_cpus=0).remote(s.manifest.session_id, cfg_json, str(self.out))
+            st = _SessionState(s, aligner)
+            states.append(st)
+            for spec in s.manifest.sources:
+                ctx = self._context(st, spec)
+                if ctx is not None:
+                    jobs.append((st, ctx))
+
+        with ThreadPoolExecutor(max_workers=n_ingest) as pool:
+            futures = [pool.submit(self._ingest_one, st, ctx, ingest_actors[i % n_ingest], embedder, i)
+                       for i, (st, ctx) in enumerate(jobs)]
+            for f in futures:
+                f.result()
+
+        align = {}
+        for st in states:
+            sid = st.session.manifest.session_id
+            align[sid] = ray.get(st.aligner.finish.remote())
+            self.counts["ticks"] += align[sid]["ticks"]
+            self.counts["gaps"] += align[sid]["gaps"]
+            self.counts["ctal_rows"] += align[sid]["ctal_rows"]
+            self.counts["drift_alarms"] += align[sid]["drift_alarms"]
+            self._write_session_tables(st)
+            self.progress(f"align {sid}: {align[sid]['ticks']} ticks, {align[sid]['gaps']} gaps, "
+                          f"{align[sid]['drift_alarms']} drift alarm(s)")
+        cache_stats = ray.get(embedder.flush.remote())
+        indexes = build_indexes(self.layout)
+        for a in ingest_actors + [embedder] + [st.aligner for st in states]:
+            ray.kill(a)
+
+        summary = self._summary(sessions, align, cache_stats, indexes, time.time() - started)
+        write_json(self.layout.run_json, summary)
+        return summary
+
+    def _context(self, st: _SessionState, spec) -> SourceContext | None:
+        s = st.session
+        path = s.resolve(spec)
+        uri = s.source_uri(spec)
+        problem = None
+        if not path.is_file():
+            problem = ("missing", "file not found; check the manifest's uri")
+        elif path.stat().st_size == 0:
+            problem = ("empty", "file is empty (0 bytes)")
+        elif path.stat().st_size > self.config.ingest.max_file_bytes:
+            problem = ("limit_exceeded", f"file is larger than ingest.max_file_bytes={self.config.ingest.max_file_bytes}")
+        version = file_version(path) if problem is None or problem[0] == "limit_exceeded" else None
+        if problem:
+            self.progress(f"quarantine {uri}: {problem[1]}")
+            st.quarantine.append(dict(session_id=s.manifest.session_id, source_id=spec.id, source_uri=uri,
+                                      source_version=version, stage="discover", reason_code=problem[0],
+                                      message=problem[1]))
+            return None
+        return SourceContext(session_id=s.manifest.session_id, spec=spec, path=path, uri=uri, version=version)
+
+    def _ingest_one(self, st: _SessionState, ctx: SourceContext, actor, embedder, job: int) -> None:
+        import ray
+
+        m = st.session.manifest
+        job = _SourceJob(ctx, started=time.perf_counter(), lineage=dict(
+            session_id=ctx.session_id, source_id=ctx.spec.id, source_uri=ctx.uri, source_version=ctx.version,
+            operators="", policy=self.config.policy.tag, model_id=None))
+        ray.get(st.aligner.register.remote(ctx.spec.id, ctx.spec.modality, job.lineage, ctx.spec.clock))
+        limit = self.config.runtime.max_in_flight
+        try:
+            for ref in actor.ingest.options(num_returns="streaming").remote(ctx, m.tenant, tuple(m.subjects)):
+                kind, payload = ray.get(ref)
+                self._route(st, job, kind, payload, embedder)
+                if len(job.pending) > limit:  # backpressure: at most `limit` downstream calls in flight
+                    done, job.pending = ray.wait(job.pending, num_returns=len(job.pending) - limit)
+                    self._collect(done)
+        except ray.exceptions.RayError as exc:  # the worker died mid-source: quarantine, keep the run going
+            self._route(st, job, "quarantine", dict(
+                session_id=ctx.session_id, source_id=ctx.spec.id, source_uri=ctx.uri, source_version=ctx.version,
+                stage=f"ingest/{ctx.spec.modality}", reason_code="worker_failed",
+                message=f"ingest worker failed ({type(exc).__name__}); re-run to retry"), embedder)
+        self._collect(ray.get(job.pending))
+        row = job.lineage_row or dict(job.lineage, modality=ctx.spec.modality, status="quarantined",
+                                      events=job.events, deid=[], subjects=list(m.subjects))
+        with self._lock:
+            row["run_id"] = self.run_id
+            st.lineage.append(row)
+            self.counts[f"events_{ctx.spec.modality}"] += job.events
+            for h in row["deid"]:
+                if h["method"] == "blur_permute":
+                    self.counts["faces_blurred"] += h["count"]
+                elif h["method"] in ("pseudonymise", "mask", "drop") and ctx.spec.modality == "pdf":
+                    self.counts["pii_replaced"] += h["count"]
+        self.progress(f"ingest {ctx.session_id}/{ctx.spec.id} ({ctx.spec.modality}): {job.events} events, "
+                      f"{row['status']}")
+
+    def _route(self, st: _SessionState, job: "_SourceJob", kind: str, payload: Any, embedder) -> None:
+        """Forward one ingest item: metadata to the aligner, payload to the embedder, rows to the driver."""
+        ctx = job.ctx
+        if kind == "source":
+            job.lineage = payload
+        elif kind == "meta":
+            job.events += payload.num_rows
+            latency = (time.perf_counter() - job.started) * 1e3
+            job.pending.append(st.aligner.add.remote(ctx.spec.id, payload, latency))
+        elif kind == "embed":
+            modality, table_ref, n = payload
+            if n:
+                job.pending.append(embedder.embed.remote(modality, table_ref, job.lineage, job.part))
+                job.part += 1
+        elif kind == "quarantine":
+            self.progress(f"quarantine {payload['source_uri']}: [{payload['reason_code']}] {payload['message']}")
+            with self._lock:
+                st.quarantine.append(payload)
+        elif kind == "lineage":
+            job.lineage_row = payload
+
+    def _collect(self, results: list) -> None:
+        import ray
+
+        refs = [r for r in results if isinstance(r, ray.ObjectRef)]
+        if refs:
+            results = [r for r in results if not isinstance(r, ray.ObjectRef)] + ray.get(refs)
+        for r in results:
+            if isinstance(r, dict) and "granularities" in r:
+                with self._lock:
+                    for g, n in r["granularities"].items():
+                        self.counts[f"features_{g}"] += n
+
+    def _write_session_tables(self, st: _SessionState) -> None:
+        sid = st.session.manifest.session_id
+        write_table(self.layout.quarantine(sid), rows_to_table(QuarantineRow, st.quarantine))
+        rows = [{k: r[k] for k in SourceLineageRow.model_fields} for r in st.lineage]
+        write_table(self.layout.lineage_sources(sid), rows_to_table(SourceLineageRow, rows))
+        self.counts["quarantined"] += len(st.quarantine)
+
+    def _summary(self, sessions, align, cache_stats, indexes, elapsed_s: float) -> dict:
+        from importlib.metadata import version
+
+        from operators.base import REGISTRY
+
+        c = self.counts
+        return {
+            "run_id": self.run_id,
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "elapsed_s": round(elapsed_s, 2),
+            "counts": {
+                "sessions": len(sessions),
+                "ticks": c["ticks"],
+                "events": {m: c[f"events_{m}"] for m in ("video", "audio", "pdf")},
+                "gaps": c["gaps"],
+                "ctal_rows": c["ctal_rows"],
+                "drift_alarms": c["drift_alarms"],
+                "faces_blurred": c["faces_blurred"],
+                "pii_replaced": c["pii_replaced"],
+                "features": {g: c[f"features_{g}"] for g in ("frame", "roi", "patch")},
+                "cache": cache_stats,
+                "quarantined": c["quarantined"],
+            },
+            "alignment": {sid: a["summary"] for sid, a in align.items()},
+            "indexes": indexes,
+            "versions": {
+                "modalign": version("modalign"),
+                "python": platform.python_version(),
+                "policy": self.config.policy.tag,
+                "operators": {k: op.version for k, op in sorted(REGISTRY.items())},
+                **{p: version(p) for p in ("ray", "torch", "pyarrow", "av", "faiss-cpu")},
+            },
+            "config": self.config.model_dump(mode="json"),
+            "exit_code": EXIT_QUARANTINED if c["quarantined"] else EXIT_OK,
+        }
+
+
+def build_indexes(layout: OutputLayout) -> list[dict]:
+    """One FAISS index per (model, granularity) from the feature files; ids = feature_id."""
+    import numpy as np
+    import pyarrow.dataset as ds
+
+    from operators.cache.index import FeatureIndex
+
+    built = []
+    root = layout.root / "features"
+    if not root.is_dir():
+        return built
+    for model_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        for gran_dir in sorted(p for p in model_dir.iterdir() if p.is_dir()):
+            t = ds.dataset(gran_dir, format="parquet").to_table(columns=["feature_id", "vector", "dim"])
+            if t.num_rows == 0:
+                continue
+            dim = t.column("dim")[0].as_py()
+            vecs = np.asarray(t.column("vector").combine_chunks().flatten().to_numpy(), dtype=np.float32).reshape(-1, dim)
+            index = FeatureIndex(dim)
+            index.add(t.column("feature_id").to_numpy(), vecs)
+            path = layout.root / "index" / f"{model_dir.name}__{gran_dir.name}.faiss"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            index.save(path)
+            built.append({"model_id": model_dir.name, "granularity": gran_dir.name, "vectors": t.num_rows,
+                          "dim": dim, "path": str(path.relative_to(layout.root))})
+    return built
+
+
+def run(input_path: Path, out: Path, config: RunConfig | None = None, progress=None) -> dict:
+    return Runner(config or RunConfig(), out, progress).run(input_path)
+

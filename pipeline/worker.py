@@ -1,0 +1,196 @@
+"""The ingest worker: decode one source and de-identify it, inside one process.
+
+This is the body of the Ray ingest actor (``pipeline.actors``) but knows nothing about
+Ray, so it runs in tests in-process. Raw payload (pixels, waveform, OCR text) exists only
+between the decode operator and the de-identification operator of this process; what
+leaves (the yielded items and the event files) is de-identified.
+
+``ingest`` yields ``(kind, payload)`` items:
+
+- ``("source", lineage)``: first item, the lineage columns of every row of this source;
+- ``("meta", table)``: event ids and session times for the aligner;
+- ``("embed", (modality, table))``: de-identified payload sampled for embedding;
+- ``("quarantine", row)``: a rejected source or range (``QuarantineRow`` fields);
+- ``("lineage", row)``: last item, the source's ``SourceLineageRow`` fields.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from operators.ingest.base import SourceContext
+from pipeline.errors import ComplianceError, InputError
+from pipeline.layout import OutputLayout, remove_parts, with_lineage, write_table
+from schemas.config import RunConfig
+from schemas.tables import MfccRow, TextBlockRow, VideoFrameRow
+
+log = logging.getLogger(__name__)
+
+Item = tuple[str, Any]
+
+
+def encode_jpeg(frames: np.ndarray, quality: int) -> list[bytes]:
+    from PIL import Image
+
+    out = []
+    for f in frames:
+        buf = io.BytesIO()
+        Image.fromarray(f).save(buf, format="JPEG", quality=quality)
+        out.append(buf.getvalue())
+    return out
+
+
+def sample_every(t_ns: np.ndarray, fps: float, state: dict) -> np.ndarray:
+    """Mask keeping the first event at or after each 1/fps step (state carries across batches)."""
+    step = int(round(1e9 / fps))
+    keep = np.zeros(len(t_ns), dtype=bool)
+    nxt = state.get("next")
+    for i, t in enumerate(t_ns.tolist()):
+        if nxt is None or t >= nxt:
+            keep[i] = True
+            nxt = (t // step + 1) * step
+    state["next"] = nxt
+    return keep
+
+
+class IngestWorker:
+    """Holds the ingest and de-identification operators of one actor (models loaded once)."""
+
+    def __init__(self, config: RunConfig, out_root: Path, key_store_dir: Path) -> None:
+        self.config = config
+        self.layout = OutputLayout(Path(out_root))
+        self.key_store_dir = Path(key_store_dir)
+        self._ops: dict[str, Any] = {}
+
+    # -- operators, built once per worker -------------------------------------------------
+    def _op(self, name: str, tenant: str = "default"):
+        key = f"{name}:{tenant}"
+        if key not in self._ops:
+            self._ops[key] = self._build(name, tenant)
+        return self._ops[key]
+
+    def _build(self, name: str, tenant: str):
+        cfg, pol = self.config, self.config.policy
+        if name == "video":
+            from operators.ingest.video import VideoFramesConfig, VideoFramesOperator
+
+            v = cfg.ingest.video
+            return VideoFramesOperator(VideoFramesConfig(
+                sample_fps=v.sample_fps, max_pixels=v.max_pixels, max_duration_s=v.max_duration_s))
+        if name == "audio":
+            from operators.ingest.audio import AudioMfccConfig, AudioMfccOperator
+
+            a = cfg.ingest.audio
+            return AudioMfccOperator(AudioMfccConfig(
+                sample_rate_hz=a.sample_rate_hz, n_mfcc=a.n_mfcc, win_ms=a.win_ms, hop_ms=a.hop_ms,
+                max_duration_s=a.max_duration_s))
+        if name == "pdf":
+            from operators.ingest.pdf import PdfTextConfig, PdfTextOperator
+
+            p = cfg.ingest.pdf
+            return PdfTextOperator(PdfTextConfig(
+                dpi=p.dpi, lang=p.lang, max_pages=p.max_pages, render_timeout_s=p.render_timeout_s,
+                ocr_timeout_s=p.ocr_timeout_s))
+        if name == "face":
+            from operators.deid.faces import FaceBlurConfig, FaceBlurOperator
+            from operators.deid.keystore import KeyStore
+
+            secret = KeyStore(self.key_store_dir).key(tenant)
+            return FaceBlurOperator(FaceBlurConfig(policy=pol.face, policy_tag=pol.tag, secret=secret))
+        if name == "text":
+            from operators.deid.text import TextPiiConfig, TextPiiOperator
+
+            return TextPiiOperator(TextPiiConfig(
+                policy=pol.text, policy_tag=pol.tag, tenant=tenant, key_store_dir=self.key_store_dir))
+        if name == "voice":
+            from operators.deid.voice import VoicePolicyConfig, VoicePolicyOperator
+
+            return VoicePolicyOperator(VoicePolicyConfig(policy=pol.voice, policy_tag=pol.tag))
+        raise KeyError(name)
+
+    # -- one source -----------------------------------------------------------------------
+    def ingest(self, ctx: SourceContext, tenant: str = "default", subjects: tuple[str, ...] = ()) -> Iterator[Item]:
+        modality = ctx.spec.modality
+        chain = {"video": ("video", "face"), "audio": ("audio", "voice"), "pdf": ("pdf", "text")}[modality]
+        ops = [self._op(n, tenant) for n in chain]
+        lineage = dict(
+            session_id=ctx.session_id, source_id=ctx.spec.id, source_uri=ctx.uri, source_version=ctx.version,
+            operators=";".join(op.tag for op in ops), policy=self.config.policy.tag, model_id=None,
+        )
+        yield "source", lineage
+        remove_parts(self.layout.events_dir(modality, ctx.session_id), ctx.spec.id)
+        stats = {"events": 0, "deid": {}, "status": "ingested"}
+        started = time.perf_counter()
+        sampler: dict = {}
+        part = 0
+        try:
+            for raw in ops[0].read(ctx):
+                clean = ops[1].process(raw)
+                del raw  # the raw batch ends here, in this process
+                if clean.num_rows == 0:
+                    continue
+                self._count_deid(stats, clean)
+                events = self._event_table(modality, clean, lineage)
+                write_table(self.layout.events(modality, ctx.session_id, ctx.spec.id, part), events)
+                part += 1
+                stats["events"] += clean.num_rows
+                meta_cols = ["event_id", "t_ns"] + (["end_t_ns"] if modality == "pdf" else [])
+                yield "meta", clean.select(meta_cols)
+                yield "embed", (modality, self._embed_payload(modality, clean, sampler))
+        except (InputError, ComplianceError) as exc:
+            stats["status"] = "partial" if stats["events"] else "quarantined"
+            yield "quarantine", self._quarantine_row(ctx, exc)
+        except Exception as exc:  # an operator bug must not end the run; nothing raw in the message
+            log.exception("internal error ingesting %s", ctx.uri)
+            stats["status"] = "partial" if stats["events"] else "quarantined"
+            err = InputError(f"internal error ({type(exc).__name__}); see the worker log", source_uri=ctx.uri,
+                             stage=f"ingest/{modality}", code="internal_error")
+            yield "quarantine", self._quarantine_row(ctx, err)
+        yield "lineage", dict(
+            session_id=ctx.session_id, source_id=ctx.spec.id, source_uri=ctx.uri, source_version=ctx.version,
+            modality=modality, status=stats["status"], events=stats["events"], operators=lineage["operators"],
+            policy=lineage["policy"], deid=list(stats["deid"].values()), subjects=list(subjects),
+            latency_ms=(time.perf_counter() - started) * 1e3,
+        )
+
+    @staticmethod
+    def _count_deid(stats: dict, table: pa.Table) -> None:
+        for h in table.column("deid").to_pylist():
+            key = (h["method"], h["detector"])
+            agg = stats["deid"].setdefault(key, dict(h, count=0))
+            agg["count"] += h["count"]
+
+    def _event_table(self, modality: str, clean: pa.Table, lineage: dict) -> pa.Table:
+        if modality == "video":
+            from operators.ingest.video import frames_to_numpy
+
+            jpeg = encode_jpeg(frames_to_numpy(clean), self.config.ingest.video.jpeg_quality)
+            t = clean.drop_columns(["frame"]).append_column("frame_jpeg", pa.array(jpeg, pa.binary()))
+            return with_lineage(t, lineage, VideoFrameRow.schema())
+        if modality == "audio":
+            return with_lineage(clean, lineage, MfccRow.schema())
+        return with_lineage(clean, lineage, TextBlockRow.schema())
+
+    def _embed_payload(self, modality: str, clean: pa.Table, sampler: dict) -> pa.Table:
+        if modality == "video":
+            keep = sample_every(clean.column("t_ns").to_numpy(), self.config.embed.image_fps, sampler)
+            return clean.filter(pa.array(keep)).select(["event_id", "t_ns", "frame", "face_boxes"])
+        if modality == "audio":
+            return clean.select(["event_id", "t_ns", "mfcc"])
+        return clean.select(["event_id", "t_ns", "text", "box", "page_index"])
+
+    @staticmethod
+    def _quarantine_row(ctx: SourceContext, exc: InputError | ComplianceError) -> dict:
+        return dict(
+            session_id=ctx.session_id, source_id=ctx.spec.id, source_uri=ctx.uri, source_version=ctx.version,
+            stage=exc.stage or f"ingest/{ctx.spec.modality}", reason_code=exc.code, message=exc.message,
+            start_t_ns=getattr(exc, "start_t_ns", None), end_t_ns=getattr(exc, "end_t_ns", None),
+        )
