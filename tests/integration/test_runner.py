@@ -1,0 +1,77 @@
+"""The runner on a real local Ray: bad inputs are quarantined, the rest of the run completes."""
+
+from __future__ import annotations
+
+import wave
+from pathlib import Path
+
+import numpy as np
+import pyarrow.dataset as ds
+import pytest
+
+from pipeline.runner import EXIT_QUARANTINED, Runner
+from schemas.config import RunConfig
+
+pytestmark = pytest.mark.integration
+
+
+def _write_tone(path: Path, seconds: float = 2.0, rate: int = 16_000) -> None:
+    t = np.arange(int(seconds * rate)) / rate
+    pcm = (0.3 * np.sin(2 * np.pi * 440 * t) * 32767).astype("<i2")
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.tobytes())
+
+
+def _write_clip(path: Path, frames: int = 25) -> None:
+    import av
+
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("libx264", rate=25)
+        s.width, s.height, s.pix_fmt = 160, 120, "yuv420p"
+        for i in range(frames):
+            img = np.full((120, 160, 3), (i * 9) % 255, np.uint8)
+            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+
+
+@pytest.fixture(scope="module")
+def mixed_folder(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("mixed")
+    _write_tone(d / "good.wav")
+    (d / "empty.mp4").write_bytes(b"")
+    (d / "notes.pdf").write_bytes(b"this is not a pdf at all\n" * 20)
+    _write_clip(d / "clip.mp4")
+    data = (d / "clip.mp4").read_bytes()
+    (d / "truncated.mp4").write_bytes(data[: len(data) // 3])
+    return d
+
+
+def test_bad_inputs_quarantined_rest_complete(ray_local, mixed_folder, tmp_path):
+    out = tmp_path / "out"
+    cfg = RunConfig(key_store=tmp_path / "keys")
+    messages: list[str] = []
+    summary = Runner(cfg, out, progress=messages.append).run(mixed_folder)
+
+    assert summary["exit_code"] == EXIT_QUARANTINED
+    q = ds.dataset(out / "quarantine", format="parquet").to_table().to_pylist()
+    by_name = {Path(r["source_uri"]).name: r for r in q}
+    assert by_name["empty.mp4"]["reason_code"] == "empty"
+    assert by_name["notes.pdf"]["reason_code"].startswith("unreadable") or by_name["notes.pdf"]["reason_code"].startswith("pdf")
+    assert "notes.pdf" in by_name["notes.pdf"]["message"] or by_name["notes.pdf"]["source_uri"].endswith("notes.pdf")
+    assert "truncated.mp4" in by_name or summary["counts"]["events"]["video"] > 25  # truncated: quarantined or partial
+    assert "good.wav" not in by_name and "clip.mp4" not in by_name
+
+    # The good sources are complete: 2 s of audio -> ~200 MFCC frames, 50 ticks; 25 video frames.
+    good = ds.dataset(out / "records" / "good.parquet", format="parquet").to_table()
+    assert abs(good.num_rows - 50) <= 1
+    clip = ds.dataset(out / "records" / "clip.parquet", format="parquet").to_table()
+    assert clip.num_rows == 25 and set(clip.column("decision").to_pylist()) == {"matched"}
+    lineage = ds.dataset(out / "lineage" / "sources", format="parquet").to_table().to_pylist()
+    status = {Path(r["source_uri"]).name: r["status"] for r in lineage}
+    assert status["good.wav"] == "ingested" and status["clip.mp4"] == "ingested"
+    assert any("quarantine" in m for m in messages)
