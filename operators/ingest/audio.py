@@ -1,0 +1,249 @@
+"""Audio ingest: decode an audio source (or a video's audio stream) into MFCC frames.
+
+First stage of the audio path (source -> 16 kHz mono -> MFCC -> voice policy -> embed).
+PyAV decodes and resamples; torchaudio computes MFCCs (``n_fft`` = window = 25 ms,
+hop 10 ms, ``center=False``: frame k covers samples ``[k*hop, k*hop + win)``), i.e.
+100 frames per second. Time comes from the decoded frames' PTS (the demuxer has already
+removed AAC/MP3 priming through edit lists / gapless headers), not from a sample count
+since zero: frame k is at ``session(start + k*hop / rate)`` where ``start`` is the first
+frame's PTS. A PTS jump forward (a gap in the recording) is filled with silence so the
+sample timeline stays on the PTS; a jump backward is ignored. Raw ADTS ``.aac`` has no
+priming metadata, so its first ~2048 samples shift it by that much.
+
+The waveform exists only inside ``read`` (chunked, ``chunk_s`` at a time, with the
+window overlap carried across chunks so the output equals a one-shot computation); it is
+never returned, stored or logged. MFCCs use log-mel (``log(mel + 1e-6)``), which is
+frame-local; torchaudio's default dB scaling clips against the chunk's maximum and would
+make chunked output depend on chunk boundaries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from operators.align.clock import NS_PER_S, pts_to_ns, samples_to_ns
+from operators.base import OperatorConfig
+from operators.ingest.base import SourceContext, SourceOperator, event_id
+from operators.ingest.video import check_truncated, declared_span_ns, open_container, partial_error
+from pipeline.errors import LimitExceededError, UnreadableInputError, UnsupportedInputError
+
+GAP_TOLERANCE_NS = 5_000_000  # PTS jumps above this are filled with silence
+
+
+class AudioMfccConfig(OperatorConfig):
+    """MFCC parameters (defaults: the field's 16 kHz / 40 coefficients / 25 ms / 10 ms) and limits."""
+
+    sample_rate_hz: int = 16000
+    n_mfcc: int = 40
+    n_mels: int = 64
+    win_ms: float = 25.0
+    hop_ms: float = 10.0
+    max_duration_s: float = 4 * 3600
+    chunk_s: float = 10.0
+
+
+def audio_mfcc_schema(n_mfcc: int = 40) -> pa.Schema:
+    return pa.schema([
+        pa.field("event_id", pa.string(), nullable=False),
+        pa.field("t_ns", pa.int64(), nullable=False, metadata={"doc": "session ns of the frame's first sample"}),
+        pa.field("frame_index", pa.int64(), nullable=False, metadata={"doc": "MFCC frame k of the source"}),
+        pa.field("mfcc", pa.list_(pa.float32(), n_mfcc), nullable=False, metadata={"doc": "log-mel cepstrum"}),
+    ], metadata={"table": "audio_mfcc", "doc": "MFCC frames, 10 ms hop; the waveform is never stored"})
+
+
+class PcmStream:
+    """Iterate one audio stream as mono float32 chunks at ``rate``, gap-filled on the PTS.
+
+    ``start_ns`` (local ns of the first sample) is set once the first frame is decoded;
+    ``produced`` counts samples yielded so far. PyAV errors propagate to the caller."""
+
+    def __init__(self, container: Any, stream: Any, rate: int):
+        self.container, self.stream, self.rate = container, stream, rate
+        self.start_ns: int | None = None
+        self.produced = 0
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        import av
+
+        resampler, key, in_end = None, None, None  # in_end: local ns where the last input frame ended
+        for frame in self.container.decode(self.stream):
+            tb = frame.time_base or self.stream.time_base
+            if frame.pts is not None:
+                t = Fraction(pts_to_ns(frame.pts, tb))
+            else:  # no PTS: contiguous with the previous frame
+                t = in_end if in_end is not None else Fraction(0)
+            if self.start_ns is None:
+                self.start_ns = int(t)
+            fkey = (frame.format.name, frame.layout.name, frame.sample_rate)
+            jump = in_end is not None and t - in_end > GAP_TOLERANCE_NS
+            if resampler is not None and (jump or fkey != key):
+                yield from self._emit(resampler.resample(None))  # flush before a gap or format change
+                resampler = None
+            if jump:
+                gap = int(round((t - self.start_ns) * self.rate / NS_PER_S)) - self.produced
+                for i in range(0, max(gap, 0), self.rate):  # 1 s pieces: a bogus jump cannot blow memory
+                    piece = min(self.rate, gap - i)
+                    self.produced += piece
+                    yield np.zeros(piece, np.float32)
+            if resampler is None:
+                resampler, key = av.AudioResampler(format="flt", layout="mono", rate=self.rate), fkey
+            in_end = t + Fraction(frame.samples * NS_PER_S, frame.sample_rate)
+            yield from self._emit(resampler.resample(frame))
+        if resampler is not None:
+            yield from self._emit(resampler.resample(None))
+
+    def _emit(self, frames: list) -> Iterator[np.ndarray]:
+        for f in frames:
+            x = f.to_ndarray().reshape(-1).astype(np.float32, copy=False)
+            if x.size:
+                self.produced += x.size
+                yield x
+
+
+class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
+    """Decodes an audio source (or a video's first audio stream) into MFCC frame tables."""
+
+    kind = "audio_mfcc"
+    version = "0.1.0"
+    modality = "audio"
+    config_model = AudioMfccConfig
+
+    def output_schema(self) -> pa.Schema:
+        return audio_mfcc_schema(self.config.n_mfcc)
+
+    @property
+    def win(self) -> int:
+        return int(round(self.config.win_ms * self.config.sample_rate_hz / 1000))
+
+    @property
+    def hop(self) -> int:
+        return int(round(self.config.hop_ms * self.config.sample_rate_hz / 1000))
+
+    def setup(self) -> None:
+        import torch
+        import torchaudio
+
+        torch.set_num_threads(1)
+        cfg = self.config
+        self._mfcc = torchaudio.transforms.MFCC(
+            sample_rate=cfg.sample_rate_hz, n_mfcc=cfg.n_mfcc, log_mels=True,
+            melkwargs={"n_fft": self.win, "win_length": self.win, "hop_length": self.hop,
+                       "n_mels": cfg.n_mels, "center": False, "power": 2.0})
+        self._ready = True
+
+    def mfcc(self, samples: np.ndarray) -> np.ndarray:
+        """``(frames, n_mfcc)`` float32 of a mono chunk; frame k starts at sample k*hop."""
+        import torch
+
+        if samples.size < self.win:
+            return np.zeros((0, self.config.n_mfcc), np.float32)
+        with torch.inference_mode():
+            out = self._mfcc(torch.from_numpy(np.ascontiguousarray(samples, np.float32)))
+        return out.T.contiguous().numpy()
+
+    def read(self, ctx: SourceContext) -> Iterator[pa.Table]:
+        import av
+
+        self.ensure_setup()
+        cfg, win, hop = self.config, self.win, self.hop
+        container = open_container(ctx.path, ctx.uri, stage=self.kind)
+        with container:
+            if not container.streams.audio:
+                raise UnsupportedInputError("no audio stream; give this source another modality or drop it",
+                                            source_uri=ctx.uri, stage=self.kind, code="no_audio_stream")
+            stream = container.streams.audio[0]
+            start, end = declared_span_ns(container, stream)
+            if end is not None and end - start > cfg.max_duration_s * NS_PER_S:
+                raise LimitExceededError(f"stream lasts {(end - start) / NS_PER_S:.0f} s, over max_duration_s="
+                                         f"{cfg.max_duration_s:.0f}; split the source or raise the limit",
+                                         source_uri=ctx.uri, stage=self.kind, code="duration_exceeded")
+            pcm = PcmStream(container, stream, cfg.sample_rate_hz)
+            chunk = max(int(cfg.chunk_s * cfg.sample_rate_hz), win)
+            max_samples = int(cfg.max_duration_s * cfg.sample_rate_hz)
+            pending: list[np.ndarray] = []
+            held, first_frame = 0, 0  # samples buffered; index of the frame starting at pending[0]
+
+            def emit(final: bool) -> Iterator[pa.Table]:
+                nonlocal pending, held, first_frame
+                if held < win or (not final and held < chunk):
+                    return
+                x = np.concatenate(pending) if len(pending) > 1 else pending[0]
+                feats = self.mfcc(x)
+                n = feats.shape[0]
+                rest = x[n * hop:].copy()  # < one window; lets the chunk go
+                pending, held = ([rest] if rest.size else []), rest.size
+                yield self._table(ctx, pcm.start_ns, first_frame, feats)
+                first_frame += n
+
+            def last_t() -> int | None:
+                if pcm.produced == 0:
+                    return None
+                return ctx.clock.to_session(pcm.start_ns + samples_to_ns(pcm.produced - 1, cfg.sample_rate_hz))
+
+            try:
+                for x in pcm:
+                    pending.append(x)
+                    held += x.size
+                    if pcm.produced > max_samples:  # keep what is within the limit, drop the rest
+                        over = pcm.produced - max_samples
+                        pending[-1], held = x[:x.size - over], held - over
+                        yield from emit(final=True)
+                        limit_t = ctx.clock.to_session(pcm.start_ns + samples_to_ns(max_samples, cfg.sample_rate_hz))
+                        raise LimitExceededError(f"decoded past max_duration_s={cfg.max_duration_s:.0f}; the rest "
+                                                 "is dropped", source_uri=ctx.uri, stage=self.kind,
+                                                 code="duration_exceeded", start_t_ns=limit_t)
+                    yield from emit(final=False)
+            except av.error.FFmpegError as e:
+                yield from emit(final=True)
+                raise partial_error(ctx, self.kind, container, stream, last_t(),
+                                    f"decoding failed ({type(e).__name__})") from None
+            yield from emit(final=True)
+            if pcm.produced == 0:
+                raise UnreadableInputError("no audio could be decoded; check that the file plays, re-encode it",
+                                           source_uri=ctx.uri, stage=self.kind)
+            check_truncated(ctx, self.kind, container, stream, last_t())
+
+    def _table(self, ctx: SourceContext, start_ns: int, first: int, feats: np.ndarray) -> pa.Table:
+        n, rate = feats.shape[0], self.config.sample_rate_hz
+        idx = np.arange(first, first + n, dtype=np.int64)
+        local = start_ns + (idx * self.hop * 2 * NS_PER_S + rate) // (2 * rate)  # samples_to_ns, vectorised
+        sid, src = ctx.session_id, ctx.spec.id
+        return pa.table({
+            "event_id": [event_id(sid, src, "mfcc", int(i)) for i in idx],
+            "t_ns": ctx.clock.to_session_array(local),
+            "frame_index": idx,
+            "mfcc": pa.FixedSizeListArray.from_arrays(pa.array(feats.reshape(-1)), self.config.n_mfcc),
+        }, schema=audio_mfcc_schema(self.config.n_mfcc))
+
+
+def decode_audio(path: str | Path, sample_rate_hz: int = 16000, *,
+                 max_duration_s: float = 4 * 3600) -> tuple[np.ndarray, int]:
+    """Whole first audio stream as mono float32 at ``sample_rate_hz`` and the local ns of its
+    first sample. For in-process use (clock-offset estimation) only: never store the result."""
+    import av
+
+    path, stage = Path(path), "decode_audio"
+    container = open_container(path, str(path), stage=stage)
+    with container:
+        if not container.streams.audio:
+            raise UnsupportedInputError("no audio stream", source_uri=str(path), stage=stage, code="no_audio_stream")
+        pcm = PcmStream(container, container.streams.audio[0], sample_rate_hz)
+        parts = []
+        try:
+            for x in pcm:
+                parts.append(x)
+                if pcm.produced > max_duration_s * sample_rate_hz:
+                    raise LimitExceededError(f"longer than max_duration_s={max_duration_s:.0f}", source_uri=str(path),
+                                             stage=stage, code="duration_exceeded")
+        except av.error.FFmpegError as e:
+            raise UnreadableInputError(f"decoding failed ({type(e).__name__})", source_uri=str(path),
+                                       stage=stage, code="decode_failed") from None
+    if not parts:
+        raise UnreadableInputError("no audio could be decoded", source_uri=str(path), stage=stage)
+    return np.concatenate(parts), int(pcm.start_ns)

@@ -1,0 +1,239 @@
+"""AudioMfccOperator: 100 frames/s on PTS time (AAC priming, gaps), chunking, errors."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from operators.ingest.audio import AudioMfccConfig, AudioMfccOperator, audio_mfcc_schema, decode_audio
+from operators.ingest.base import SourceContext
+from pipeline.errors import InputError, LimitExceededError, UnreadableInputError, UnsupportedInputError
+from schemas.manifest import ClockMapping, SourceSpec
+
+pytestmark = pytest.mark.unit
+
+SR = 44100
+OFFSET_NS = 2_500_000_000
+BURST_S = 1.0  # a broadband (noise) burst from 1.000 s to 1.300 s over a -60 dB noise floor
+
+
+def signal(duration_s: float = 2.0) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    t = np.arange(int(SR * duration_s)) / SR
+    x = 1e-3 * rng.standard_normal(t.size)
+    on = (t >= BURST_S) & (t < BURST_S + 0.3)
+    x[on] += 0.2 * rng.standard_normal(on.sum())
+    return x.astype(np.float32)
+
+
+def encode(path: Path, codec: str, fmt: str, x: np.ndarray, video: bool = False) -> Path:
+    import av
+
+    with av.open(str(path), "w") as c:
+        s = c.add_stream(codec, rate=SR, layout="mono")
+        s.format = fmt
+        if video:  # every stream is added before the first packet is muxed
+            v = c.add_stream("libx264", rate=10)
+            v.width, v.height, v.pix_fmt = 64, 48, "yuv420p"
+            for i in range(int(10 * x.size / SR)):
+                f = av.VideoFrame.from_ndarray(np.zeros((48, 64, 3), np.uint8), format="rgb24")
+                f.pts = i
+                for pk in v.encode(f):
+                    c.mux(pk)
+            for pk in v.encode(None):
+                c.mux(pk)
+        for i in range(0, x.size, 1024):
+            chunk = x[i:i + 1024]
+            arr = (chunk * 32767).astype(np.int16)[None] if fmt == "s16" else chunk[None]
+            f = av.AudioFrame.from_ndarray(arr, format=fmt, layout="mono")
+            f.sample_rate, f.pts, f.time_base = SR, i, Fraction(1, SR)
+            for pk in s.encode(f):
+                c.mux(pk)
+        for pk in s.encode(None):
+            c.mux(pk)
+    return path
+
+
+@pytest.fixture(scope="session")
+def media(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("audio")
+    x = signal()
+    return {
+        "wav": encode(d / "burst.wav", "pcm_s16le", "s16", x),
+        "m4a": encode(d / "burst.m4a", "aac", "fltp", x),
+        "mp4": encode(d / "burst.mp4", "aac", "fltp", x, video=True),
+    }
+
+
+def ctx_for(path: Path, offset_ns: int = OFFSET_NS) -> SourceContext:
+    spec = SourceSpec(id="mic", uri=path.name, modality="audio", clock=ClockMapping(offset_ns=offset_ns))
+    return SourceContext(session_id="s1", spec=spec, path=path, uri=f"file://{path}", version="v1")
+
+
+def read(path: Path, offset_ns: int = OFFSET_NS, **cfg) -> pa.Table:
+    return pa.concat_tables(AudioMfccOperator(AudioMfccConfig(**cfg)).read(ctx_for(path, offset_ns)))
+
+
+def onset_ns(table: pa.Table) -> int:
+    """t_ns of the first frame within 6 dB (per mel band) of the burst's steady level."""
+    mfcc = table.column("mfcc").combine_chunks().flatten().to_numpy().reshape(table.num_rows, -1)
+    log_energy = mfcc[:, 0] / np.sqrt(64)  # c0 of an orthonormal DCT = mean log-mel * sqrt(n_mels)
+    t = table.column("t_ns").to_numpy()
+    steady = np.median(log_energy[(t >= OFFSET_NS + 1.05e9) & (t < OFFSET_NS + 1.25e9)])
+    return int(t[np.argmax(log_energy >= steady - np.log(4))])
+
+
+@pytest.mark.parametrize("kind", ["wav", "m4a", "mp4"])
+def test_frames_are_10ms_apart_and_the_burst_is_at_1s(media, kind):
+    table = read(media[kind])
+    assert table.schema == audio_mfcc_schema(40)
+    assert 195 <= table.num_rows <= 205  # 2 s at 100 frames/s (AAC pads the tail)
+    t = table.column("t_ns").to_numpy()
+    assert t[0] == OFFSET_NS and set(np.diff(t)) == {10_000_000}
+    assert table.column("frame_index").to_pylist() == list(range(table.num_rows))
+    assert table.column("event_id")[7].as_py() == "s1/mic/mfcc/7"
+    assert abs(onset_ns(table) - (OFFSET_NS + 1_000_000_000)) <= 15_000_000
+
+
+def test_wav_frame_count_is_exact(media):
+    n = 2 * 16000
+    assert read(media["wav"]).num_rows == (n - 400) // 160 + 1
+
+
+def test_chunked_equals_one_shot(media):
+    one = read(media["m4a"], chunk_s=100.0)
+    chunked_tables = list(AudioMfccOperator(AudioMfccConfig(chunk_s=0.37)).read(ctx_for(media["m4a"])))
+    assert len(chunked_tables) > 4
+    chunked = pa.concat_tables(chunked_tables)
+    assert chunked.column("t_ns").to_pylist() == one.column("t_ns").to_pylist()
+    a = one.column("mfcc").combine_chunks().flatten().to_numpy()
+    b = chunked.column("mfcc").combine_chunks().flatten().to_numpy()
+    np.testing.assert_allclose(b, a, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["wav", "m4a"])
+def test_decode_audio_is_16k_mono_on_pts_time(media, kind):
+    x, start_ns = decode_audio(media[kind])
+    assert x.dtype == np.float32 and x.ndim == 1 and start_ns == 0
+    first_loud = int(np.argmax(np.abs(x) > 0.1))
+    assert abs(start_ns + first_loud * 1e9 / 16000 - 1e9) <= 2e6
+
+
+def test_pts_gap_is_filled_with_silence(tmp_path):
+    import av
+
+    path = tmp_path / "gap.mkv"
+    rng = np.random.default_rng(2)
+    with av.open(str(path), "w") as c:  # 1 s of noise, nothing for 0.5 s, then 1 s of noise from 1.5 s
+        s = c.add_stream("pcm_s16le", rate=16000, layout="mono")
+        for base in (0, 24000):
+            for i in range(0, 16000, 800):
+                noise = rng.integers(-8000, 8000, (1, 800), dtype=np.int16)
+                f = av.AudioFrame.from_ndarray(noise, format="s16", layout="mono")
+                f.sample_rate, f.pts, f.time_base = 16000, base + i, Fraction(1, 16000)
+                for pk in s.encode(f):
+                    c.mux(pk)
+        for pk in s.encode(None):
+            c.mux(pk)
+    table = read(path, offset_ns=0)
+    t = table.column("t_ns").to_numpy()
+    c0 = table.column("mfcc").combine_chunks().flatten().to_numpy().reshape(len(t), -1)[:, 0]
+    silent = t[c0 < c0.max() - 20]  # at the log(1e-6) floor: frames within the gap
+    assert silent.min() >= 0.98e9 and silent.max() <= 1.5e9 and len(silent) >= 48
+    assert set(np.diff(t)) == {10_000_000} and t[-1] == 2_470_000_000  # (40000 - 400) // 160 + 1 = 248 frames
+
+
+@pytest.mark.parametrize("content", ["garbage", "truncated", "empty", "missing"])
+def test_unreadable_files_name_the_uri(media, tmp_path, content):
+    path = tmp_path / "bad.m4a"
+    if content == "garbage":
+        path.write_bytes(np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8).tobytes())
+    elif content == "truncated":
+        data = media["m4a"].read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif content == "empty":
+        path.write_bytes(b"")
+    ctx = ctx_for(path)
+    with pytest.raises(UnreadableInputError) as e:
+        list(AudioMfccOperator().read(ctx))
+    assert ctx.uri in str(e.value)
+
+
+def test_video_without_audio_is_unsupported(tmp_path):
+    import av
+
+    path = tmp_path / "silent.mp4"
+    with av.open(str(path), "w") as c:
+        v = c.add_stream("libx264", rate=10)
+        v.width, v.height, v.pix_fmt = 64, 48, "yuv420p"
+        for i in range(5):
+            f = av.VideoFrame.from_ndarray(np.zeros((48, 64, 3), np.uint8), format="rgb24")
+            f.pts = i
+            for pk in v.encode(f):
+                c.mux(pk)
+        for pk in v.encode(None):
+            c.mux(pk)
+    with pytest.raises(UnsupportedInputError) as e:
+        list(AudioMfccOperator().read(ctx_for(path)))
+    assert e.value.code == "no_audio_stream"
+
+
+def test_decode_failure_midway_yields_then_reports_range(media, monkeypatch):
+    import av
+
+    real_open = av.open
+
+    class Failing:
+        """A container whose decoder raises after 65 AAC frames of 1024 samples (1.51 s)."""
+
+        def __init__(self, c):
+            self._c = c
+
+        def __getattr__(self, name):
+            return getattr(self._c, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._c.close()
+
+        def decode(self, *a, **k):
+            for i, f in enumerate(self._c.decode(*a, **k)):
+                if i == 65:
+                    raise av.error.InvalidDataError(1094995529, "Invalid data found")
+                yield f
+
+    monkeypatch.setattr(av, "open", lambda *a, **k: Failing(real_open(*a, **k)))
+    got = []
+    with pytest.raises(InputError) as e:
+        for t in AudioMfccOperator(AudioMfccConfig(chunk_s=0.5)).read(ctx_for(media["m4a"])):
+            got.append(t)
+    t = pa.concat_tables(got).column("t_ns").to_numpy()
+    assert e.value.code == "decode_failed"
+    assert OFFSET_NS + 1.4e9 < t[-1] < e.value.start_t_ns <= OFFSET_NS + 1.55e9
+    assert e.value.end_t_ns is not None and e.value.end_t_ns >= OFFSET_NS + 1.99e9
+
+
+def test_aac_priming_does_not_shift_frames(media):
+    """AAC adds 1024 priming samples (23 ms): timed from PTS, the burst lands on the same
+    10 ms frame as in the uncompressed WAV."""
+    assert onset_ns(read(media["m4a"])) == onset_ns(read(media["wav"])) == onset_ns(read(media["mp4"]))
+
+
+def test_duration_limit_midway_keeps_the_frames_within_it(media, monkeypatch):
+    """A header that declares no duration: the limit is enforced on decoded samples."""
+    import operators.ingest.audio as audio
+
+    monkeypatch.setattr(audio, "declared_span_ns", lambda *a: (0, None))
+    got = []
+    with pytest.raises(LimitExceededError) as e:
+        for t in AudioMfccOperator(AudioMfccConfig(max_duration_s=1.5, chunk_s=0.5)).read(ctx_for(media["wav"])):
+            got.append(t)
+    t = pa.concat_tables(got).column("t_ns").to_numpy()
+    assert t[-1] == OFFSET_NS + 1_470_000_000  # last frame whose 25 ms window ends by 1.5 s
+    assert e.value.code == "duration_exceeded" and e.value.start_t_ns == OFFSET_NS + 1_500_000_000
