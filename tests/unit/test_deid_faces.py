@@ -1,0 +1,224 @@
+"""FaceBlurOperator: real face (skimage astronaut) detected, blurred+permuted in a new buffer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from operators.deid.faces import FaceBlurConfig, FaceBlurOperator, anonymise_region
+from pipeline.errors import ComplianceError, InputError
+from schemas.policy import FacePolicy
+from schemas.tables import Box
+
+pytestmark = pytest.mark.unit
+
+H, W = 360, 640
+SECRET = b"s" * 32
+FACE_CENTRE = (300, 90)  # x, y of the astronaut's face on the canvas below
+
+
+@pytest.fixture(scope="session")
+def canvas() -> np.ndarray:
+    import cv2
+    from skimage.data import astronaut
+
+    img = np.full((H, W, 3), 90, np.uint8)
+    img[10:350, 150:490] = cv2.resize(astronaut(), (340, 340), interpolation=cv2.INTER_AREA)
+    return img
+
+
+@pytest.fixture(scope="session")
+def blacked(canvas) -> np.ndarray:
+    img = canvas.copy()
+    img[20:170, 230:370] = 0  # the face is hidden: the detector finds nothing here
+    return img
+
+
+@pytest.fixture(scope="module")
+def op() -> FaceBlurOperator:
+    o = FaceBlurOperator(FaceBlurConfig(secret=SECRET))
+    o.setup()
+    return o
+
+
+def frames_table(frames: list[np.ndarray], start: int = 0, stream: str = "s1/cam") -> pa.Table:
+    arr = pa.FixedShapeTensorArray.from_numpy_ndarray(np.stack(frames))
+    n = len(frames)
+    return pa.table(
+        {
+            "event_id": [f"{stream}/video/{start + i}" for i in range(n)],
+            "t_ns": pa.array([(start + i) * 40_000_000 for i in range(n)], pa.int64()),
+            "frame": arr,
+        }
+    )
+
+
+def out_frames(table: pa.Table) -> np.ndarray:
+    return table.column("frame").combine_chunks().to_numpy_ndarray()
+
+
+def box_mask(b: dict) -> np.ndarray:
+    m = np.zeros((H, W), bool)
+    m[b["y0"] : b["y1"], b["x0"] : b["x1"]] = True
+    return m
+
+
+def test_face_detected_blurred_inside_identical_outside(op, canvas):
+    op.reset()
+    out = op.process(frames_table([canvas]))
+    boxes = out.column("face_boxes")[0].as_py()
+    assert len(boxes) == 1
+    b = boxes[0]
+    assert b["x0"] < FACE_CENTRE[0] < b["x1"] and b["y0"] < FACE_CENTRE[1] < b["y1"]
+    assert b["score"] >= 0.5
+    got = out_frames(out)[0]
+    diff = np.abs(got.astype(np.int16) - canvas.astype(np.int16))
+    inside = box_mask(b)
+    assert diff[inside].mean() > 30
+    assert np.array_equal(got[~inside], canvas[~inside])  # bit-identical outside the box
+    assert out.column("deid")[0].as_py() == {
+        "policy": "modalign-default@1",
+        "method": "blur_permute",
+        "detector": "mediapipe-face-detection@0.10.21/full-range",
+        "count": 1,
+        "threshold": 0.5,
+    }
+    # other columns pass through untouched
+    assert out.column("event_id").to_pylist() == ["s1/cam/video/0"]
+    assert out.column("t_ns").to_pylist() == [0]
+    assert out.schema == op.output_schema(frames_table([canvas]).schema)
+
+
+def test_input_buffer_never_written(op, canvas):
+    op.reset()
+    table = frames_table([canvas, canvas])
+    before = out_frames(table).copy()
+    out = op.process(table)
+    view_in = out_frames(table)
+    assert np.array_equal(view_in, before)
+    assert not np.shares_memory(view_in, out_frames(out))
+
+
+def test_output_deterministic_for_a_secret_and_keyed(op, canvas):
+    op.reset()
+    t = frames_table([canvas])
+    a = out_frames(op.process(t))[0]
+    op.reset()
+    b = out_frames(op.process(t))[0]
+    assert np.array_equal(a, b)
+    other = FaceBlurOperator(FaceBlurConfig(secret=b"x" * 32))
+    other._detector = op._detector  # share the loaded model
+    other.setup()
+    c = out_frames(other.process(t))[0]
+    assert not np.array_equal(a, c)  # a different key permutes differently
+    assert np.array_equal(np.sort(a.reshape(-1, 3), axis=0), np.sort(c.reshape(-1, 3), axis=0))
+
+
+def test_missed_detection_inside_window_still_covered(op, canvas, blacked):
+    assert op._detector.detect(blacked) == []  # precondition: nothing found on this frame
+    op.reset()
+    out = op.process(frames_table([canvas, canvas, blacked, canvas, canvas]))
+    counts = [h["count"] for h in out.column("deid").to_pylist()]
+    assert counts == [1, 1, 1, 1, 1]
+    b = out.column("face_boxes")[2].as_py()[0]
+    assert b["x0"] < FACE_CENTRE[0] < b["x1"] and b["y0"] < FACE_CENTRE[1] < b["y1"]
+    got = out_frames(out)[2]
+    inside = box_mask(b)
+    assert np.array_equal(got[~inside], blacked[~inside])
+
+
+def test_window_zero_does_not_spread(op, canvas, blacked):
+    o = FaceBlurOperator(FaceBlurConfig(secret=SECRET, face=FacePolicy(temporal_window=0)))
+    o._detector = op._detector
+    o.setup()
+    out = o.process(frames_table([canvas, blacked, canvas]))
+    assert [h["count"] for h in out.column("deid").to_pylist()] == [1, 0, 1]
+    assert np.array_equal(out_frames(out)[1], blacked)
+
+
+def test_boxes_carry_into_next_call(op, canvas, blacked):
+    op.reset()
+    op.process(frames_table([canvas, canvas], start=0))
+    nxt = op.process(frames_table([blacked, blacked, blacked], start=2))
+    # the last face was frame 1: it covers frames 2 and 3 (window 2), not 4
+    assert [h["count"] for h in nxt.column("deid").to_pylist()] == [1, 1, 0]
+    # another stream, or a reset, gets no carry
+    op.process(frames_table([canvas, canvas], start=0))
+    other = op.process(frames_table([blacked], start=2, stream="s1/other"))
+    assert other.column("deid")[0].as_py()["count"] == 0
+    op.process(frames_table([canvas, canvas], start=0))
+    op.reset()
+    again = op.process(frames_table([blacked], start=2))
+    assert again.column("deid")[0].as_py()["count"] == 0
+    # re-processing an earlier table does not pick up the carry (deterministic output)
+    op.reset()
+    t = frames_table([blacked], start=0)
+    first = op.process(t)
+    op.process(frames_table([canvas], start=0))
+    assert op.process(t).equals(first)
+
+
+def test_keep_action_passes_frames_through(canvas):
+    o = FaceBlurOperator(FaceBlurConfig(face=FacePolicy(action="keep")))
+    table = frames_table([canvas])
+    out = o.process(table)
+    assert o._detector is None  # no model loaded for keep
+    assert np.array_equal(out_frames(out)[0], canvas)
+    assert out.column("face_boxes")[0].as_py() == []
+    h = out.column("deid")[0].as_py()
+    assert (h["method"], h["count"], h["detector"]) == ("keep", 0, "none")
+
+
+def test_detection_failure_withholds_frame(op, canvas):
+    class Broken:
+        name = "broken@0"
+
+        def detect(self, img):
+            raise RuntimeError("graph error")
+
+    o = FaceBlurOperator(FaceBlurConfig(secret=SECRET))
+    o._detector = Broken()  # setup() keeps an injected detector
+    with pytest.raises(ComplianceError) as exc:
+        o.process(frames_table([canvas], start=7))
+    assert "s1/cam/video/7" in str(exc.value)
+    assert exc.value.code == "deid_failed"
+
+
+def test_bad_frame_column_rejected(op):
+    with pytest.raises(InputError):
+        op.process(pa.table({"frame": pa.array([b"\x00" * 12])}))
+
+
+def test_anonymise_region_touches_only_the_box():
+    rng = np.random.default_rng(0)
+    img = rng.integers(0, 256, (120, 160, 3), dtype=np.uint8)
+    src = img.copy()
+    anonymise_region(img, Box(x0=40, y0=30, x1=100, y1=90), b"k" * 32, "page-1")
+    inside = np.zeros(img.shape[:2], bool)
+    inside[30:90, 40:100] = True
+    assert np.array_equal(img[~inside], src[~inside])
+    assert not np.array_equal(img[inside], src[inside])
+    # the same key and salt reproduce the output; a box partly outside the image is clipped
+    again = src.copy()
+    anonymise_region(again, (40, 30, 100, 90), b"k" * 32, "page-1")
+    assert np.array_equal(again, img)
+    edge = src.copy()
+    anonymise_region(edge, (150, 110, 400, 400), b"k" * 32, "page-1")
+    assert np.array_equal(edge[:110], src[:110]) and np.array_equal(edge[:, :150], src[:, :150])
+    with pytest.raises(ValueError):
+        ro = src.copy()
+        ro.flags.writeable = False
+        anonymise_region(ro, (0, 0, 10, 10), b"k" * 32, "x")
+
+
+def test_deid_modules_import_no_heavy_packages():
+    code = (
+        "import sys, operators.deid.faces, operators.deid.text, operators.deid.voice, operators.deid.keystore\n"
+        "heavy = {'cv2', 'mediapipe', 'spacy', 'torch', 'ray'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

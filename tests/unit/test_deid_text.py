@@ -1,0 +1,241 @@
+"""TextPiiOperator, find_pii and the pseudonym KeyStore on OCR-like text with planted PII."""
+
+from __future__ import annotations
+
+import re
+import stat
+
+import pyarrow as pa
+import pytest
+
+from operators.deid.keystore import KeyStore
+from operators.deid.text import TextPiiConfig, TextPiiOperator, find_pii, iban_valid, luhn_valid, pseudonym
+from pipeline.errors import ComplianceError, ConfigError
+from schemas.arrow import arrow_type
+from schemas.policy import TextPolicy
+from schemas.tables import Word
+
+pytestmark = pytest.mark.unit
+
+WORD_TYPE = pa.list_(arrow_type(Word))
+
+# (block text, planted personal data that must disappear, words that must survive)
+BLOCKS = [
+    (
+        "Please contact Julia Fischer at julia.fischer@example.com or +49 30 1234 5678.",
+        ["Julia", "Fischer", "julia.fischer@example.com", "+49 30 1234 5678"],
+        ["Please", "contact", "at", "or"],
+    ),
+    ("Meeting notes: J ulia Fischer presented the roadmap.", ["J ulia", "Fischer"], ["Meeting", "notes:", "presented", "roadmap."]),
+    (
+        "Write to julia.fischer@ example.com or julia.fischer @example. com today.",
+        ["julia.fischer@ example.com", "julia.fischer @example. com", "julia", "example"],
+        ["Write", "to", "or", "today."],
+    ),
+    ("Minutes by Julia\nFischer, reviewed by Peter Schmidt.", ["Julia", "Fischer", "Peter", "Schmidt"], ["Minutes", "reviewed"]),
+    ("Transfer to DE89 3704 0044 0532 0130 00 by Friday.", ["DE89 3704 0044 0532 0130 00"], ["Transfer", "by", "Friday."]),
+    ("Card 4111 1111 1111 1111 was charged twice.", ["4111 1111 1111 1111"], ["Card", "was", "charged", "twice."]),
+    (
+        "Server 192.168.1.20 and 2001:db8::8a2e:370:7334 were down.",
+        ["192.168.1.20", "2001:db8::8a2e:370:7334"],
+        ["Server", "and", "were", "down."],
+    ),
+    (
+        "Call (415) 555-0132 or 020 7946 0958 or 07700 900123.",
+        ["(415) 555-0132", "020 7946 0958", "07700 900123"],
+        ["Call", "or"],
+    ),
+    ("The quarterly revenue grew by 12 percent in Europe.", [], ["The quarterly revenue grew by 12 percent in Europe."]),
+    ("Ask Dr. Anna Müller and Wei Zhang about the budget.", ["Anna", "Müller", "Wei", "Zhang"], ["Ask", "Dr.", "about", "budget."]),
+]
+
+
+def words_of(text: str) -> list[dict]:
+    """Synthetic OCR words: whitespace-separated tokens with boxes along one line."""
+    out = []
+    for i, m in enumerate(re.finditer(r"\S+", text)):
+        out.append({"text": m.group(0), "x0": 10 * i, "y0": 5, "x1": 10 * i + 8, "y1": 15, "conf": 90.0 + i % 5, "entity": None})
+    return out
+
+
+def blocks_table(texts: list[str]) -> pa.Table:
+    return pa.table(
+        {
+            "event_id": [f"s1/deck/pdf/{i}" for i in range(len(texts))],
+            "t_ns": pa.array([i * 1_000_000_000 for i in range(len(texts))], pa.int64()),
+            "text": texts,
+            "words": pa.array([words_of(t) for t in texts], type=WORD_TYPE),
+        }
+    )
+
+
+def make_op(keys, **kw) -> TextPiiOperator:
+    return TextPiiOperator(TextPiiConfig(key_store_dir=keys, **kw))
+
+
+@pytest.fixture()
+def keys(tmp_path):
+    return tmp_path / "vault"
+
+
+def tokens(text: str, kind: str = "PERSON") -> list[str]:
+    return re.findall(rf"<{kind}_[0-9a-f]{{8}}>", text)
+
+
+def test_planted_pii_replaced_and_plain_words_kept(keys):
+    table = blocks_table([b[0] for b in BLOCKS])
+    out = make_op(keys).process(table)
+    texts = out.column("text").to_pylist()
+    for (src, planted, kept), got in zip(BLOCKS, texts):
+        for value in planted:
+            assert value not in got, (src, value)
+        for word in kept:
+            assert word in got, (src, word)
+    assert texts[8] == BLOCKS[8][0]  # no personal data: untouched
+    assert len(tokens(texts[0], "EMAIL")) == 1 and len(tokens(texts[0], "PHONE")) == 1
+    assert len(tokens(texts[4], "IBAN")) == 1 and len(tokens(texts[5], "CARD")) == 1
+    assert len(tokens(texts[6], "IP")) == 2 and len(tokens(texts[7], "PHONE")) == 3
+    assert texts[1] == f"Meeting notes: {tokens(texts[1])[0]} presented the roadmap."
+    headers = out.column("deid").to_pylist()
+    assert headers[0]["method"] == "pseudonymise" and headers[0]["count"] == 3
+    assert re.fullmatch(r"spacy-en_core_web_sm@3\.8\.\d+\+regex@1", headers[0]["detector"])
+    assert headers[8]["count"] == 0
+    assert dict(out.column("pii_counts")[0].as_py()) == {"person": 1, "email": 1, "phone": 1}
+    assert out.column("event_id").equals(table.column("event_id"))
+    assert out.schema == make_op(keys).output_schema(table.schema)
+
+
+def test_same_entity_same_token_across_blocks_and_ocr_variants(keys):
+    texts = [
+        "Julia Fischer opened the meeting.",
+        "Notes by J ulia Fischer.",
+        "Minutes by Julia\nFischer, reviewed later.",
+        "Mail julia.fischer@example.com or julia.fischer @example. com now.",
+    ]
+    got = make_op(keys).process(blocks_table(texts)).column("text").to_pylist()
+    person = {t for g in got[:3] for t in tokens(g)}
+    assert len(person) == 1
+    assert len(set(tokens(got[3], "EMAIL"))) == 1 and len(tokens(got[3], "EMAIL")) == 2
+    other = make_op(keys, tenant="acme").process(blocks_table(texts[:1])).column("text")[0].as_py()
+    assert tokens(other) and tokens(other)[0] not in person  # another tenant, another token
+
+
+def test_deleting_tenant_key_unlinks_pseudonyms(keys):
+    table = blocks_table(["Julia Fischer opened the meeting."])
+    op = make_op(keys)
+    first = tokens(op.process(table).column("text")[0].as_py())
+    assert first == tokens(op.process(table).column("text")[0].as_py())
+    store = KeyStore(keys)
+    assert store.exists("default") and store.delete("default") and not store.exists("default")
+    after = tokens(op.process(table).column("text")[0].as_py())
+    assert after and after != first
+
+
+def test_invalid_iban_and_non_luhn_numbers_not_flagged(keys):
+    assert iban_valid("DE89 3704 0044 0532 0130 00") and not iban_valid("DE89 3704 0044 0532 0130 01")
+    assert luhn_valid("4111 1111 1111 1111") and not luhn_valid("4111 1111 1111 1112")
+    text = "Ref DE89 3704 0044 0532 0130 01 and order 4111 1111 1111 1112 and 1234 5678 9012 3456."
+    found = find_pii(text)
+    assert not [s for s in found if s[2] in ("iban", "card")]
+    got = make_op(keys).process(blocks_table([text])).column("text")[0].as_py()
+    assert "DE89 3704 0044 0532 0130 01" in got and "4111 1111 1111 1112" in got
+
+
+def test_find_pii_offsets_kinds_and_filters():
+    text = "Contact Peter Schmidt, peter.schmidt@example.org, IBAN GB82 WEST 1234 5698 7654 32."
+    found = find_pii(text)
+    assert [(text[a:b], k) for a, b, k, _ in found] == [
+        ("Peter Schmidt", "person"),
+        ("peter.schmidt@example.org", "email"),
+        ("GB82 WEST 1234 5698 7654 32", "iban"),
+    ]
+    assert all(0.5 <= s <= 1.0 for *_, s in found)
+    assert [k for *_, k, _ in find_pii(text, entities=["email"])] == ["email"]
+    assert [k for *_, k, _ in find_pii(text, min_score=0.9)] == ["email", "iban"]
+
+
+def test_words_rewritten_boxes_kept(keys):
+    text = "Please contact J ulia Fischer at julia.fischer@ example.com today."
+    table = blocks_table([text])
+    out = make_op(keys).process(table)
+    before = table.column("words")[0].as_py()
+    after = out.column("words")[0].as_py()
+    assert [(w["x0"], w["y0"], w["x1"], w["y1"], w["conf"]) for w in after] == [
+        (w["x0"], w["y0"], w["x1"], w["y1"], w["conf"]) for w in before
+    ]
+    by_src = {b["text"]: a for b, a in zip(before, after)}
+    person = tokens(out.column("text")[0].as_py())[0]
+    assert by_src["J"]["text"] == person and by_src["J"]["entity"] == "person"
+    assert by_src["ulia"]["text"] == "" and by_src["Fischer"]["text"] == ""
+    assert re.fullmatch(r"<EMAIL_[0-9a-f]{8}>", by_src["julia.fischer@"]["text"])
+    assert by_src["example.com"]["text"] == "" and by_src["example.com"]["entity"] == "email"
+    for plain in ("Please", "contact", "at", "today."):
+        assert by_src[plain]["text"] == plain and by_src[plain]["entity"] is None
+    # the input table is not modified
+    assert table.column("words")[0].as_py() == before
+
+
+@pytest.mark.parametrize(
+    "action,expected",
+    [
+        ("mask", "Contact <PERSON> at <EMAIL>."),
+        ("drop", "Contact  at ."),
+        ("keep", "Contact Julia Fischer at julia@example.com."),
+    ],
+)
+def test_mask_drop_keep(keys, action, expected):
+    op = make_op(keys, text=TextPolicy(action=action))
+    out = op.process(blocks_table(["Contact Julia Fischer at julia@example.com."]))
+    assert out.column("text")[0].as_py() == expected
+    h = out.column("deid")[0].as_py()
+    assert h["method"] == action and h["count"] == (0 if action == "keep" else 2)
+    assert dict(out.column("pii_counts")[0].as_py()) == {"person": 1, "email": 1}
+    if action == "keep":
+        assert not KeyStore(keys).exists("default")  # no key created when nothing is pseudonymised
+
+
+def test_only_policy_entities_replaced(keys):
+    op = make_op(keys, text=TextPolicy(entities=("email",)))
+    got = op.process(blocks_table(["Julia Fischer, julia@example.com, +44 20 7946 0958"])).column("text")[0].as_py()
+    assert got.startswith("Julia Fischer, <EMAIL_") and got.endswith(", +44 20 7946 0958")
+
+
+def test_errors_never_carry_text(keys, monkeypatch):
+    import operators.deid.text as text_mod
+
+    def boom(texts, *a, **k):
+        raise ValueError(f"cannot parse {texts[0]!r}")
+
+    monkeypatch.setattr(text_mod, "detect_batch", boom)
+    with pytest.raises(ComplianceError) as exc:
+        make_op(keys).process(blocks_table(["Julia Fischer, julia@example.com"]))
+    assert "Julia" not in str(exc.value) and "julia" not in str(exc.value)
+    assert "s1/deck/pdf/0" in str(exc.value)
+
+
+def test_pseudonym_normalises_ocr_spacing_and_case():
+    k = b"k" * 32
+    assert pseudonym(k, "person", "J ulia Fischer") == pseudonym(k, "person", "JULIA FISCHER")
+    assert pseudonym(k, "email", "julia.fischer @example. com") == pseudonym(k, "email", "Julia.Fischer@example.com")
+    assert pseudonym(k, "person", "Julia Fischer") != pseudonym(k, "email", "Julia Fischer")
+    assert pseudonym(k, "person", "Julia Fischer") != pseudonym(b"j" * 32, "person", "Julia Fischer")
+
+
+def test_keystore_creates_private_persistent_keys(tmp_path):
+    root = tmp_path / "keys"
+    store = KeyStore(root)
+    assert not store.exists("acme")
+    key = store.key("acme")
+    assert len(key) == 32 and store.key("acme") == key == KeyStore(root).key("acme")
+    assert stat.S_IMODE((root / "acme.key").stat().st_mode) == 0o600
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    assert store.key("other") != key and store.tenants() == ["acme", "other"]
+    assert [p.name for p in root.iterdir() if p.name.endswith(".tmp")] == []
+    assert store.delete("acme") and not store.delete("acme")
+    assert store.key("acme") != key  # re-created: a new, unrelated secret
+    for bad in ("../evil", "a/b", "", ".hidden", "..", "x" * 200):
+        with pytest.raises(ConfigError):
+            store.key(bad)
+    (root / "broken.key").write_bytes(b"short")
+    with pytest.raises(ComplianceError):
+        store.key("broken")
