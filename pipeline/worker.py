@@ -16,6 +16,8 @@ leaves (the yielded items and the event files) is de-identified.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import io
 import logging
 import time
@@ -103,17 +105,18 @@ class IngestWorker:
             from operators.deid.faces import FaceBlurConfig, FaceBlurOperator
             from operators.deid.keystore import KeyStore
 
-            secret = KeyStore(self.key_store_dir).key(tenant)
-            return FaceBlurOperator(FaceBlurConfig(policy=pol.face, policy_tag=pol.tag, secret=secret))
+            # A sub-key of the tenant key: deleting the tenant key also retires the permutation.
+            secret = hmac.new(KeyStore(self.key_store_dir).key(tenant), b"face-permutation", hashlib.sha256).digest()
+            return FaceBlurOperator(FaceBlurConfig(face=pol.face, policy_tag=pol.tag, secret=secret))
         if name == "text":
             from operators.deid.text import TextPiiConfig, TextPiiOperator
 
             return TextPiiOperator(TextPiiConfig(
-                policy=pol.text, policy_tag=pol.tag, tenant=tenant, key_store_dir=self.key_store_dir))
+                text=pol.text, policy_tag=pol.tag, tenant=tenant, key_store_dir=self.key_store_dir))
         if name == "voice":
             from operators.deid.voice import VoicePolicyConfig, VoicePolicyOperator
 
-            return VoicePolicyOperator(VoicePolicyConfig(policy=pol.voice, policy_tag=pol.tag))
+            return VoicePolicyOperator(VoicePolicyConfig(voice=pol.voice, policy_tag=pol.tag))
         raise KeyError(name)
 
     # -- one source -----------------------------------------------------------------------

@@ -115,6 +115,7 @@ class TextBlockRow(LineageColumns):
     extraction: str = Field(description="ocr | text_layer")
     dpi: I32
     timing: str = Field(description="schedule | sequential")
+    pii_counts: dict[str, int] = Field(description="personal-data items detected in this block, per kind")
     deid: DeidHeader
 
 

@@ -378,6 +378,20 @@ def _person_spans(repaired: str, index: list[int], doc: Any) -> list[PiiSpan]:
     return [PiiSpan(index[s], index[e - 1] + 1, "person", sc) for s, e, sc in out]
 
 
+def _whole_line_guess(text: str, span: PiiSpan) -> bool:
+    """True for a NER-only PERSON that is a whole line by itself ("Roadmap Milestones").
+
+    en_core_web_sm tags title-cased slide headings as PERSON when they have no context;
+    a heading that is a real name is still caught by the given-name and honorific rules.
+    """
+    if span.score != SCORES["person_ner"]:
+        return False
+    line_start = text.rfind("\n", 0, span.start) + 1
+    line_end = text.find("\n", span.end)
+    line = text[line_start: len(text) if line_end < 0 else line_end]
+    return line.strip(" \t.:;,") == text[span.start:span.end].strip()
+
+
 def _propagate(repaired: str, index: list[int], names: dict[str, str]) -> list[PiiSpan]:
     """Occurrences of names found anywhere in the batch (and their parts) in this block."""
     out = []
@@ -442,9 +456,19 @@ def detect_batch(
         repaired = {i: _repair(texts[i]) for i in idx}
         names: dict[str, str] = {}
         persons: dict[int, list[PiiSpan]] = {}
-        for i, doc in zip(idx, nlp.pipe([repaired[i][0] for i in idx], batch_size=64)):
-            rtext, rindex = repaired[i]
-            persons[i] = _person_spans(rtext, rindex, doc)
+        # NER sees each block whole (names broken across lines) and each of its lines alone
+        # (a slide line is its own context: "Presented by Clara Hartmann\nFinance" reads as ORG).
+        views = [(i, repaired[i][0], repaired[i][1]) for i in idx]
+        for i in idx:
+            if "\n" in texts[i]:
+                for m in re.finditer(r"[^\n]+", texts[i]):
+                    ltext, lindex = _repair(m.group(0))
+                    views.append((i, ltext, [m.start() + x for x in lindex]))
+        for i in idx:
+            persons[i] = []
+        for (i, rtext, rindex), doc in zip(views, nlp.pipe([v[1] for v in views], batch_size=64)):
+            persons[i].extend(s for s in _person_spans(rtext, rindex, doc) if not _whole_line_guess(texts[i], s))
+        for i in idx:
             for s in persons[i]:
                 surface = " ".join(_repair(texts[i][s.start : s.end])[0].split())
                 names.setdefault(_name_key(surface), surface)

@@ -239,3 +239,13 @@ def test_keystore_creates_private_persistent_keys(tmp_path):
     (root / "broken.key").write_bytes(b"short")
     with pytest.raises(ComplianceError):
         store.key("broken")
+
+
+def test_name_in_multiline_block_found_and_title_heading_kept():
+    # Seen on real OCR of the sample slides: a line break made NER read the name as an ORG,
+    # and a title-cased heading alone on its line was tagged PERSON.
+    text = "Presented by Clara Hartmann\nFinance and Operations"
+    spans = find_pii(text)
+    assert [(text[s:e], k) for s, e, k, _ in spans] == [("Clara Hartmann", "person")]
+    assert find_pii("Roadmap Milestones") == []
+    assert find_pii("Quarterly Planning Review\nInfrastructure Budget") == []
