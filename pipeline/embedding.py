@@ -31,15 +31,16 @@ class Embedder:
             return self._ops[modality]
         e = self.config.embed
         if modality == "video":
-            from operators.embed.image import FrameEmbedOperator, ImageEmbedConfig
+            from operators.embed.image import FrameEmbedConfig, FrameEmbedOperator, ImageEmbedConfig
 
-            op = FrameEmbedOperator(ImageEmbedConfig(
-                weights_path=e.weights_dir, image_size=e.image_size, batch_size=e.batch_size, device=e.device),
+            op = FrameEmbedOperator(FrameEmbedConfig(encoder=ImageEmbedConfig(
+                weights_path=e.image_weights, image_size=e.image_size, batch_size=e.batch_size, device=e.device)),
                 cache=self.cache)
         elif modality == "pdf":
-            from operators.embed.text import TextEmbedConfig, TextEmbedOperator
+            from operators.embed.text import TextBlockEmbedConfig, TextEmbedConfig, TextEmbedOperator
 
-            op = TextEmbedOperator(TextEmbedConfig(batch_size=e.batch_size, device=e.device), cache=self.cache)
+            op = TextEmbedOperator(TextBlockEmbedConfig(encoder=TextEmbedConfig(
+                model_path=e.text_model_path, batch_size=e.batch_size, device=e.device)), cache=self.cache)
         elif modality == "audio":
             from operators.embed.audio import AudioEmbedConfig, AudioEmbedOperator
 

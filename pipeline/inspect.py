@@ -24,24 +24,24 @@ def collect(out: Path) -> dict:
     info: dict = {"run": run, "residuals": [], "alarms": [], "quarantine": [], "tables": {}}
     summary = _glob(out, "ctal/summary/*.parquet")
     if summary:
-        info["residuals"] = con.execute(
+        info["residuals"] = con.sql(
             f"SELECT session_id, source_id, modality, ticks, matched, gaps, residual_p50_ms, residual_p95_ms, "
             f"residual_max_ms, offset_ns, offset_method FROM read_parquet('{summary}') ORDER BY 1, 2"
-        ).fetch_arrow_table().to_pylist()
+        ).to_arrow_table().to_pylist()
     alarms = _glob(out, "ctal/alarms/*.parquet")
     if alarms:
-        info["alarms"] = con.execute(f"SELECT * FROM read_parquet('{alarms}') ORDER BY session_id, start_tick") \
-            .fetch_arrow_table().to_pylist()
+        info["alarms"] = con.sql(f"SELECT * FROM read_parquet('{alarms}') ORDER BY session_id, start_tick") \
+            .to_arrow_table().to_pylist()
     q = _glob(out, "quarantine/*.parquet")
     if q:
-        info["quarantine"] = con.execute(
+        info["quarantine"] = con.sql(
             f"SELECT session_id, source_uri, stage, reason_code, message FROM read_parquet('{q}') ORDER BY 1, 2"
-        ).fetch_arrow_table().to_pylist()
+        ).to_arrow_table().to_pylist()
     for name, pattern in [("records", "records/*.parquet"), ("events_video", "events/video/*/*.parquet"),
                           ("events_audio", "events/audio/*/*.parquet"), ("events_pdf", "events/pdf/*/*.parquet"),
                           ("ctal", "ctal/*.parquet"), ("features", "features/*/*/*.parquet")]:
         g = _glob(out, pattern)
-        info["tables"][name] = con.execute(f"SELECT count(*) FROM read_parquet('{g}')").fetchone()[0] if g else 0
+        info["tables"][name] = con.sql(f"SELECT count(*) FROM read_parquet('{g}')").fetchall()[0][0] if g else 0
     return info
 
 
@@ -53,7 +53,7 @@ def render(info: dict) -> str:
         f"{c['events']['audio']} / pdf {c['events']['pdf']}",
         f"de-identified: {c['faces_blurred']} face boxes blurred, {c['pii_replaced']} personal-data items replaced",
         f"features: " + ", ".join(f"{g} {n}" for g, n in c["features"].items()) +
-        "  cache: " + ", ".join(f"{g} {v.get('hits', 0)} hit/{v.get('misses', 0)} miss" for g, v in c["cache"].items()),
+        "  cache: " + ", ".join(f"{g} {n} hit/{c['cache']['misses'].get(g, 0)} miss" for g, n in c["cache"]["hits"].items()),
         "",
         "alignment residuals (|event - tick|, ms):",
         f"  {'session':<20} {'source':<14} {'modality':<8} {'matched':>8} {'gaps':>6} {'p50':>7} {'p95':>7} {'max':>7}  offset",

@@ -262,7 +262,7 @@ class Runner:
                 "faces_blurred": c["faces_blurred"],
                 "pii_replaced": c["pii_replaced"],
                 "features": {g: c[f"features_{g}"] for g in ("frame", "roi", "patch")},
-                "cache": cache_stats,
+                "cache": {k: cache_stats[k] for k in ("hits", "misses", "hit_rate")},
                 "quarantined": c["quarantined"],
             },
             "alignment": {sid: a["summary"] for sid, a in align.items()},

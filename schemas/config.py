@@ -58,14 +58,12 @@ class AlignConfig(_Strict):
 
 
 class EmbedConfig(_Strict):
-    image_model: str = "efficientnet-lite0"
-    text_model: str = "all-minilm-l6-v2"
-    audio_model: str = "mfcc-stats"
+    image_weights: Path | None = Field(None, description="EfficientNet-Lite0 state dict; None: the packaged weights")
+    text_model_path: Path | None = Field(None, description="a sentence-transformers folder; None: the packaged MiniLM")
     image_fps: float = Field(1.0, gt=0, description="video frames embedded per second of video")
     image_size: int = Field(224, ge=32)
     batch_size: int = Field(16, ge=1)
     device: str = Field("auto", description="auto | cpu | cuda")
-    weights_dir: Path | None = Field(None, description="override the packaged weights")
 
 
 class RuntimeConfig(_Strict):

@@ -12,8 +12,8 @@ ids and session-clock ``t_ns``; payload stays in the de-identified segments), ou
 Matching rules (DESIGN.md "Alignment"): point events (video frames, MFCC frames) match
 the nearest event within the modality's tolerance, each event at most once (the nearest
 tick wins, ties to the earlier tick); outside tolerance is a gap, never a silent nearest
-match. PDF pages are intervals held until the next page; a tick up to the tolerance
-before a page's start already sees it (residual = start - tick), inside it the residual is 0.
+match. PDF pages are intervals held until the next page (residual 0 inside); a tick that
+no page covers sees a page starting within the tolerance (residual = start - tick).
 
 This version accumulates a session's event times and decides at ``finish()``; the
 memory is ~16 bytes per event (metadata only).
@@ -99,18 +99,24 @@ def match_points(ticks: np.ndarray, events: np.ndarray, tol_ns: int) -> np.ndarr
 
 
 def match_intervals(ticks: np.ndarray, starts: np.ndarray, ends: np.ndarray, tol_ns: int) -> tuple[np.ndarray, np.ndarray]:
-    """Page held from its start until the next: (index or -1, residual_ns) per tick."""
+    """Sample-and-hold pages: (page index or -1, residual_ns) per tick.
+
+    A tick inside [start, end) sees that page with residual 0. A tick shown no page (before
+    the first page, or in a hole of the schedule) sees the next page if it starts within
+    ``tol_ns``, with residual ``start - tick``; otherwise it is a gap.
+    """
     idx = np.full(len(ticks), -1, dtype=np.int64)
     res = np.zeros(len(ticks), dtype=np.int64)
     if len(starts) == 0:
         return idx, res
-    # The page whose start is at or before tick + tol (a page seen up to tol early).
-    pos = np.searchsorted(starts, ticks + tol_ns, side="right") - 1
-    valid = pos >= 0
-    p = np.clip(pos, 0, len(starts) - 1)
-    inside = valid & (ticks < ends[p])
+    held = np.searchsorted(starts, ticks, side="right") - 1
+    p = np.clip(held, 0, len(starts) - 1)
+    inside = (held >= 0) & (ticks < ends[p])
     idx[inside] = p[inside]
-    res[inside] = np.maximum(starts[p[inside]] - ticks[inside], 0)
+    nxt = np.clip(held + 1, 0, len(starts) - 1)
+    early = ~inside & (held + 1 < len(starts)) & (starts[nxt] - ticks <= tol_ns)
+    idx[early] = nxt[early]
+    res[early] = starts[nxt[early]] - ticks[early]
     return idx, res
 
 

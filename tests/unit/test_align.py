@@ -110,7 +110,8 @@ def test_pdf_page_held_until_next_and_seen_within_tolerance():
     assert deck[20]["event_id"] == "deck/0" and deck[20]["residual_ns"] == 200 * MS  # 800 ms: 200 ms early
     assert deck[19]["decision"] == "gap"  # 760 ms: 240 ms early, outside tolerance
     assert deck[50]["event_id"] == "deck/0" and deck[50]["residual_ns"] == 0  # held
-    assert deck[70]["event_id"] == "deck/2" and deck[99]["event_id"] == "deck/2"  # last page held to the end
+    assert deck[73]["event_id"] == "deck/0" and deck[73]["residual_ns"] == 0  # 80 ms before the change: still held
+    assert deck[75]["event_id"] == "deck/2" and deck[99]["event_id"] == "deck/2"  # last page held to the end
     # Gaps are in the CTAL log with the missing source named; matched ticks are not.
     ctal = res.ctal.to_pylist()
     assert {c["tick_index"] for c in ctal} == set(range(20))
