@@ -111,8 +111,9 @@ SLIDE_WORDS = (  # exactly as printed (case included); each one tesseract reads 
 
 
 def subject_id(name: str) -> str:
-    """Data-subject id of a planted person: ``subject-<slug>`` ("Clara Hartmann" -> subject-clara-hartmann)."""
-    return "subject-" + "-".join(name.lower().split())
+    """Opaque data-subject id of a planted person (ids travel into lineage: never the name itself)."""
+    persons = sorted({value for kind, value, _ in PLANTED_PII if kind == "person"})
+    return f"subject-{persons.index(name) + 1:04d}"
 
 
 def sample_face_box(t_ns: int) -> tuple[int, int, int, int]:

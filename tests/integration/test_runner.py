@@ -61,9 +61,10 @@ def test_bad_inputs_quarantined_rest_complete(ray_local, mixed_folder, tmp_path)
     q = ds.dataset(out / "quarantine", format="parquet").to_table().to_pylist()
     by_name = {Path(r["source_uri"]).name: r for r in q}
     assert by_name["empty.mp4"]["reason_code"] == "empty"
-    assert by_name["notes.pdf"]["reason_code"].startswith("unreadable") or by_name["notes.pdf"]["reason_code"].startswith("pdf")
-    assert "notes.pdf" in by_name["notes.pdf"]["message"] or by_name["notes.pdf"]["source_uri"].endswith("notes.pdf")
-    assert "truncated.mp4" in by_name or summary["counts"]["events"]["video"] > 25  # truncated: quarantined or partial
+    assert by_name["notes.pdf"]["reason_code"] == "not_pdf"
+    assert by_name["notes.pdf"]["stage"] == "pdf_text"  # the operator that rejected it
+    assert by_name["truncated.mp4"]["reason_code"] in ("unreadable", "decode_failed")
+    assert "readable" in by_name["truncated.mp4"]["message"]  # says what is wrong; source_uri names the file
     assert "good.wav" not in by_name and "clip.mp4" not in by_name
 
     # The good sources are complete: 2 s of audio -> ~200 MFCC frames, 50 ticks; 25 video frames.
