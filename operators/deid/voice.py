@@ -14,6 +14,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from operators.base import OperatorConfig, TableOperator
+from pipeline.errors import InputError
 from schemas.arrow import arrow_type
 from schemas.policy import VoicePolicy
 from schemas.tables import DeidHeader
@@ -52,6 +53,10 @@ class VoicePolicyOperator(TableOperator[VoicePolicyConfig]):
 
     def process(self, table: pa.Table) -> pa.Table:
         self.ensure_setup()
+        missing = [c for c in ("event_id", "t_ns", "mfcc") if c not in table.column_names]
+        if missing:
+            raise InputError(f"MFCC table lacks column(s) {', '.join(missing)}", stage=self.kind,
+                             code="schema_mismatch")
         out = table
         for name in (*self.config.waveform_columns, DEID):
             i = out.schema.get_field_index(name)
