@@ -122,6 +122,8 @@ def with_lineage(table: pa.Table, lineage: dict[str, Any], schema: pa.Schema) ->
             cols.append(table.column(field.name).cast(field.type))
         elif field.name in lineage:
             cols.append(pa.array([lineage[field.name]] * n, type=field.type))
+        elif field.nullable:  # an optional column the producing operator does not compute
+            cols.append(pa.nulls(n, type=field.type))
         else:
             raise KeyError(f"column {field.name!r} missing for table {schema.metadata.get(b'table', b'?').decode()}")
     return pa.Table.from_arrays(cols, schema=schema)

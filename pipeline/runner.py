@@ -173,7 +173,6 @@ class Runner:
         job = _SourceJob(ctx, started=time.perf_counter(), lineage=dict(
             session_id=ctx.session_id, source_id=ctx.spec.id, source_uri=ctx.uri, source_version=ctx.version,
             operators="", policy=self.config.policy.tag, model_id=None))
-        ray.get(st.aligner.register.remote(ctx.spec.id, ctx.spec.modality, job.lineage, ctx.spec.clock))
         limit = self.config.runtime.max_in_flight
         try:
             for ref in actor.ingest.options(num_returns="streaming").remote(ctx, m.tenant, tuple(m.subjects)):
@@ -205,8 +204,9 @@ class Runner:
     def _route(self, st: _SessionState, job: "_SourceJob", kind: str, payload: Any, embedder) -> None:
         """Forward one ingest item: metadata to the aligner, payload to the embedder, rows to the driver."""
         ctx = job.ctx
-        if kind == "source":
+        if kind == "source":  # first item: the lineage columns every row of this source carries
             job.lineage = payload
+            job.pending.append(st.aligner.register.remote(ctx.spec.id, ctx.spec.modality, payload, ctx.spec.clock))
         elif kind == "meta":
             job.events += payload.num_rows
             latency = (time.perf_counter() - job.started) * 1e3

@@ -35,6 +35,9 @@ class ClockMapping(_Strict):
     offset_ns: int = Field(0, description="session-clock time of the source's local zero, ns")
     skew_ppm: float = Field(0.0, ge=-10_000, le=10_000, description="source clock rate error, parts per million")
     estimated: bool = Field(False, description="True when offset/skew came from estimation, not the manifest")
+    estimate_from: str | None = Field(
+        None, description="id of another source with audio: estimate offset/skew against it by cross-correlation"
+    )
 
 
 class SourceSpec(_Strict):
@@ -104,4 +107,8 @@ class Manifest(_Strict):
             if s.id in seen:
                 raise ValueError(f"duplicate source id {s.id!r}")
             seen.add(s.id)
+        for s in self.sources:
+            ref = s.clock.estimate_from
+            if ref is not None and (ref not in seen or ref == s.id):
+                raise ValueError(f"source {s.id!r}: clock.estimate_from names no other source ({ref!r})")
         return self

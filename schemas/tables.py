@@ -97,6 +97,7 @@ class MfccRow(LineageColumns):
     t_ns: int
     frame_index: int
     mfcc: F32List
+    voiced: bool | None = Field(None, description="voice-activity flag of the frame (None: not computed)")
     deid: DeidHeader
 
 
