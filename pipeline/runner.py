@@ -86,8 +86,9 @@ class Runner:
         if rt.address:
             ray.init(address=rt.address, log_to_driver=False)
         else:
+            temp = str(rt.ray_temp_dir) if rt.ray_temp_dir else os.environ.get("RAY_TMPDIR")
             ray.init(num_cpus=rt.num_cpus or os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False)
+                     configure_logging=False, _temp_dir=temp)
         return int(ray.cluster_resources().get("CPU", 1))
 
     # -- the run -----------------------------------------------------------------------

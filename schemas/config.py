@@ -70,7 +70,10 @@ class RuntimeConfig(_Strict):
     address: str | None = Field(None, description="Ray address; None starts a local Ray")
     num_cpus: int | None = Field(None, ge=1, description="local Ray only; default: all cores")
     ingest_actors: int | None = Field(None, ge=1, description="default: max(1, cpus - 1)")
-    max_in_flight: int = Field(4, ge=1, description="ingest tasks in flight per actor")
+    max_in_flight: int = Field(4, ge=1, description="downstream calls (align, embed) in flight per source stream")
+    ray_temp_dir: Path | None = Field(
+        None, description="local Ray only: session, log and spill folder (default: Ray's, or $RAY_TMPDIR)"
+    )
 
 
 class RunConfig(_Strict):
