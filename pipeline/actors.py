@@ -44,8 +44,10 @@ class IngestActor:
         for kind, payload in self.worker.ingest(ctx, tenant, subjects):
             if kind == "embed":
                 modality, table = payload
-                # Payload goes to the object store once, by reference; the driver never copies it.
-                yield kind, (modality, ray.put(table), table.num_rows)
+                # The table is its own stream item (owned by the caller, not a ref nested in
+                # one: ray #58080): the driver forwards that ref to the embedder unread.
+                yield kind, (modality, table.num_rows)
+                yield table
             else:
                 yield kind, payload
 

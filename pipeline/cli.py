@@ -19,6 +19,8 @@ EXAMPLES = {
     "sample": "modalign sample ./sample --duration 12",
     "run": "modalign run ./sample/manifest.yaml --out ./out",
     "inspect": "modalign inspect ./out",
+    "search": "modalign search ./out --text 'vendor contracts' -k 3",
+    "cache": "modalign cache stats ./out",
 }
 
 
@@ -61,6 +63,23 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_search(args: argparse.Namespace) -> int:
+    from pipeline.search import render_results, search
+
+    results = search(Path(args.out), image=Path(args.image) if args.image else None, text=args.text,
+                     record=args.record, granularity=args.granularity, k=args.k)
+    print(json.dumps(results, indent=2) if args.json else render_results(results))
+    return 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from pipeline.cache_admin import cache_gc, cache_stats, render_stats
+
+    result = cache_stats(Path(args.out)) if args.action == "stats" else cache_gc(Path(args.out), dry_run=args.dry_run)
+    print(json.dumps(result, indent=2) if args.json else render_stats(result))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="modalign",
@@ -89,6 +108,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("inspect", "print a human summary of an output folder", cmd_inspect)
     sp.add_argument("out", help="output folder of `modalign run`")
+
+    sp = add("search", "nearest records to an image, a text or a stored record (FAISS index of OUT)", cmd_search)
+    sp.add_argument("out", help="output folder of `modalign run`")
+    q = sp.add_mutually_exclusive_group(required=True)
+    q.add_argument("--image", help="image file (JPEG/PNG): searches the image model's index")
+    q.add_argument("--text", help="query text: searches the text blocks (roi) of the text model")
+    q.add_argument("--record", help="an event_id or feature_id: its stored vector, itself first")
+    sp.add_argument("--granularity", choices=["frame", "roi", "patch"],
+                    help="default: frame for --image, roi for --text, the record's own for --record")
+    sp.add_argument("-k", type=int, default=5, help="results (default 5)")
+
+    sp = add("cache", "feature cache of an output folder: stats, or gc of entries no feature row uses", cmd_cache)
+    sp.add_argument("action", choices=["stats", "gc"])
+    sp.add_argument("out", help="output folder of `modalign run`")
+    sp.add_argument("--dry-run", action="store_true", help="gc: report what would be removed, remove nothing")
     return p
 
 

@@ -27,28 +27,11 @@ class Embedder:
         self._ops: dict[str, Any] = {}
 
     def _op(self, modality: str):
-        if modality in self._ops:
-            return self._ops[modality]
-        e = self.config.embed
-        if modality == "video":
-            from operators.embed.image import FrameEmbedConfig, FrameEmbedOperator, ImageEmbedConfig
+        if modality not in self._ops:
+            from operators.embed.registry import build_operator
 
-            op = FrameEmbedOperator(FrameEmbedConfig(encoder=ImageEmbedConfig(
-                weights_path=e.image_weights, image_size=e.image_size, batch_size=e.batch_size, device=e.device)),
-                cache=self.cache)
-        elif modality == "pdf":
-            from operators.embed.text import TextBlockEmbedConfig, TextEmbedConfig, TextEmbedOperator
-
-            op = TextEmbedOperator(TextBlockEmbedConfig(encoder=TextEmbedConfig(
-                model_path=e.text_model_path, batch_size=e.batch_size, device=e.device)), cache=self.cache)
-        elif modality == "audio":
-            from operators.embed.audio import AudioEmbedConfig, AudioEmbedOperator
-
-            op = AudioEmbedOperator(AudioEmbedConfig(), cache=self.cache)
-        else:
-            raise KeyError(modality)
-        self._ops[modality] = op
-        return op
+            self._ops[modality] = build_operator(modality, self.config.embed, cache=self.cache)
+        return self._ops[modality]
 
     def embed(self, modality: str, table: pa.Table, lineage: dict, part: int) -> dict:
         """Embed one payload batch of a source; writes one feature file per granularity."""

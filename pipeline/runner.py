@@ -108,7 +108,10 @@ class Runner:
 
         ingest_actors = [IngestActor.options(num_cpus=1).remote(cfg_json, str(self.out), str(self.key_store))
                          for _ in range(n_ingest)]
-        embedder = EmbedActor.options(num_cpus=1 if cpus > 1 else 0).remote(cfg_json, str(self.out))
+        from operators.embed.device import embed_actor_resources
+
+        gpu = embed_actor_resources(self.config.embed.device, ray.cluster_resources().get("GPU", 0))
+        embedder = EmbedActor.options(num_cpus=1 if cpus > 1 else 0, **gpu).remote(cfg_json, str(self.out))
 
         states: list[_SessionState] = []
         jobs: list[tuple[_SessionState, SourceContext]] = []
@@ -176,8 +179,12 @@ class Runner:
             operators="", policy=self.config.policy.tag, model_id=None))
         limit = self.config.runtime.max_in_flight
         try:
-            for ref in actor.ingest.options(num_returns="streaming").remote(ctx, m.tenant, tuple(m.subjects)):
+            stream = actor.ingest.options(num_returns="streaming").remote(ctx, m.tenant, tuple(m.subjects))
+            for ref in stream:
                 kind, payload = ray.get(ref)
+                if kind == "embed":  # the next item is the payload table itself: forward its ref unread
+                    modality, n = payload
+                    payload = (modality, next(stream), n)
                 self._route(st, job, kind, payload, embedder)
                 if len(job.pending) > limit:  # backpressure: at most `limit` downstream calls in flight
                     done, job.pending = ray.wait(job.pending, num_returns=len(job.pending) - limit)

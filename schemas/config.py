@@ -7,6 +7,7 @@ unknown keys are errors that name the field.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -57,9 +58,27 @@ class AlignConfig(_Strict):
     drift_consecutive_ticks: int = Field(5, ge=1)
 
 
+class ImageEncoderSpec(_Strict):
+    """A user image encoder from a local file (contract: operators/embed/loaders.py)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="recorded in model_id as NAME@HASH")
+    weights: Path = Field(description="TorchScript file (torch.jit.save), or the state dict / checkpoint for factory")
+    factory: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$",
+                                description="'package.module:callable' returning an nn.Module; None: weights is TorchScript")
+    factory_kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of factory")
+    mean: tuple[float, float, float] = Field((0.485, 0.456, 0.406), description="per-channel mean of pixel/255, RGB")
+    std: tuple[float, float, float] = Field((0.229, 0.224, 0.225), description="per-channel std of pixel/255, RGB")
+
+
 class EmbedConfig(_Strict):
+    image_encoder: ImageEncoderSpec | None = Field(
+        None, description="a user image encoder from a local file; None: EfficientNet-Lite0")
+    patch_features: bool = Field(
+        False, description="also write patch rows (one per grid cell: 49 per embedded frame) and a patch index")
     image_weights: Path | None = Field(None, description="EfficientNet-Lite0 state dict; None: the packaged weights")
     text_model_path: Path | None = Field(None, description="a sentence-transformers folder; None: the packaged MiniLM")
+    text_model: str = Field("all-minilm-l6-v2", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                            description="name recorded in the text model_id (NAME@HASH); set it with text_model_path")
     image_fps: float = Field(1.0, gt=0, description="video frames embedded per second of video")
     image_size: int = Field(224, ge=32)
     batch_size: int = Field(16, ge=1)

@@ -6,22 +6,33 @@ lets frame and roi vectors be pooled without one. Re-running a pipeline over the
 de-identified inputs is therefore all hits with bit-identical vectors.
 
 Two tiers:
-- memory: an LRU of ``lru_items`` entries (key -> vector), per process;
+- memory: an LRU bounded by ``lru_items`` entries and ``lru_bytes`` of vector data, per
+  process (a 224 px EfficientNet patch grid is 7 x 7 x 1280 floats = 245 KiB, so the byte
+  bound is the one that matters for grids);
 - disk (when ``path`` is given): Parquet segments ``path/cache-<time>-<rand>.parquet`` with
-  columns ``cache_key, granularity, model_id, dim, shape, vector`` (``shape`` restores a
-  patch grid ``[gh, gw, C]``; ``vector`` is the flattened float32 data). ``flush()``
-  writes the entries put since the last flush as one new segment, atomically (temporary
-  file, then rename), so concurrent writers (one per actor) never clobber each other and a
-  reader never sees half a segment.
+  columns ``cache_key, granularity, model_id, dim, shape, vector, parent_key`` (``shape``
+  restores a patch grid ``[gh, gw, C]``; ``vector`` is the flattened float32 data;
+  ``parent_key`` is the patch-grid key a frame/roi vector was pooled from, or null).
+  ``flush()`` writes the entries put since the last flush as new segments (patch grids
+  in one, pooled vectors in another), atomically (temporary file, then rename), so
+  concurrent writers (one per actor) never clobber each other and a reader never sees half
+  a segment. Pending entries flush themselves past
+  ``flush_items`` entries or ``flush_bytes`` of vector data.
 
 Opening is lazy: the first lookup that misses memory reads the ``cache_key`` column of
-every segment into a key -> (segment, row) map; a segment's vectors are decoded when one of
-its keys is first read and the last few decoded segments are kept. That is fine up to a
+every segment into a key -> (segment, row group, row) map; a row group's vectors (at most
+~8 MiB; patch grids and pooled vectors are in separate segments, so a frame lookup never
+decodes grids) are decoded when one of its keys is first read, and the last
+``decoded_segments`` decoded row groups are kept. That is fine up to a
 few million entries; beyond that a key-value store would replace the map (same API).
 ``refresh()`` picks up segments written by other processes.
 
 Statistics count hits and misses per granularity. ``gc(referenced)`` rewrites segments
-without the unreferenced entries; ``remove(keys)`` deletes given entries (erasure).
+without the unreferenced entries, keeping the patch grids that referenced entries were
+pooled from (their ``parent_key``): feature rows name frame and roi keys, and the grid
+behind them is what lets a new roi (another box on the same frame) be pooled without a
+forward pass. ``remove(keys)`` deletes given entries and nothing else (erasure).
+``catalog()`` lists persisted entries without decoding vectors (``modalign cache stats``).
 """
 
 from __future__ import annotations
@@ -50,6 +61,8 @@ SEGMENT_SCHEMA = pa.schema(
         pa.field("dim", pa.int32(), nullable=False, metadata={"doc": "number of float32 values"}),
         pa.field("shape", pa.list_(pa.int32()), nullable=False, metadata={"doc": "array shape, e.g. [gh, gw, C]"}),
         pa.field("vector", pa.list_(pa.float32()), nullable=False),
+        pa.field("parent_key", pa.string(), nullable=True,
+                 metadata={"doc": "patch-grid key this vector was pooled from; gc keeps it while this entry lives"}),
     ],
     metadata={"table": "feature_cache", "doc": "one cached feature array per content-addressed key"},
 )
@@ -60,6 +73,7 @@ class _Entry:
     granularity: str
     model_id: str
     vector: np.ndarray  # read-only float32
+    parent: str | None = None
 
 
 @dataclass
@@ -71,31 +85,36 @@ class _Segment:
     shapes: list[tuple[int, ...]]
     granularity: list[str]
     model_id: list[str]
+    parent: list[str | None]
 
     def entry(self, row: int) -> _Entry:
         v = self.values[self.offsets[row] : self.offsets[row + 1]].reshape(self.shapes[row])
-        return _Entry(self.granularity[row], self.model_id[row], v)
+        return _Entry(self.granularity[row], self.model_id[row], v, self.parent[row])
 
 
 class FeatureCache:
     """Content-addressed feature store with an in-memory LRU and optional Parquet segments.
 
-    ``path=None`` keeps everything in the LRU (entries beyond ``lru_items`` are lost).
-    With a path, entries put are also pending until ``flush()`` (or until
-    ``flush_items`` are pending, when the cache flushes itself).
+    ``path=None`` keeps everything in the LRU (entries beyond ``lru_items`` / ``lru_bytes``
+    are lost). With a path, entries put are also pending until ``flush()`` (or until
+    ``flush_items`` entries or ``flush_bytes`` are pending, when the cache flushes itself).
     """
 
-    def __init__(self, path: Path | str | None = None, lru_items: int = 4096, *, flush_items: int = 8192,
-                 decoded_segments: int = 4) -> None:
-        if lru_items < 0:
-            raise ValueError("lru_items must be >= 0")
+    def __init__(self, path: Path | str | None = None, lru_items: int = 4096, *, lru_bytes: int = 256 << 20,
+                 flush_items: int = 8192, flush_bytes: int = 64 << 20, decoded_segments: int = 4) -> None:
+        if lru_items < 0 or lru_bytes < 0:
+            raise ValueError("lru_items and lru_bytes must be >= 0")
         self.path = Path(path) if path is not None else None
         self.lru_items = lru_items
+        self.lru_bytes = lru_bytes
         self.flush_items = flush_items
+        self.flush_bytes = flush_bytes
         self._lru: OrderedDict[str, _Entry] = OrderedDict()
+        self._lru_nbytes = 0
+        self._pending_nbytes = 0
         self._pending: dict[str, _Entry] = {}
-        self._index: dict[str, tuple[Path, int]] | None = None  # lazily built
-        self._decoded: OrderedDict[Path, _Segment] = OrderedDict()
+        self._index: dict[str, tuple[Path, int, int]] | None = None  # key -> (segment, row group, row); lazy
+        self._decoded: OrderedDict[tuple[Path, int], _Segment] = OrderedDict()
         self._decoded_max = max(1, decoded_segments)
         self._hits: dict[str, int] = {g: 0 for g in GRANULARITIES}
         self._misses: dict[str, int] = {g: 0 for g in GRANULARITIES}
@@ -143,26 +162,32 @@ class FeatureCache:
             if entry is None and self.path is not None:
                 loc = self._ensure_index().get(key)
                 if loc is not None:
-                    entry = self._decode(loc[0]).entry(loc[1])
+                    entry = self._decode(loc[0], loc[1]).entry(loc[2])
             if entry is not None and promote:
                 self._remember(key, entry)
             return entry
 
     # -- writes ----------------------------------------------------------------------------
 
-    def put(self, key: str, granularity: str, vector: np.ndarray, *, model_id: str = "") -> None:
-        """Store a float32 array (any shape; a patch grid keeps its ``[gh, gw, C]`` shape)."""
+    def put(self, key: str, granularity: str, vector: np.ndarray, *, model_id: str = "",
+            parent: str | None = None) -> None:
+        """Store a float32 array (any shape; a patch grid keeps its ``[gh, gw, C]`` shape).
+
+        ``parent``: the key of the patch grid this vector was pooled from, if any (``gc``
+        keeps that grid as long as this entry is referenced).
+        """
         if granularity not in GRANULARITIES:
             raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
         vec = np.array(vector, dtype=np.float32, copy=True, order="C")
         vec.setflags(write=False)
-        entry = _Entry(granularity, model_id, vec)
+        entry = _Entry(granularity, model_id, vec, parent)
         flush_now = False
         with self._lock:
             self._remember(key, entry)
             if self.path is not None and not self._persisted(key):
                 self._pending[key] = entry
-                flush_now = len(self._pending) >= self.flush_items
+                self._pending_nbytes += vec.nbytes
+                flush_now = len(self._pending) >= self.flush_items or self._pending_nbytes >= self.flush_bytes
         if flush_now:
             self.flush()
 
@@ -170,27 +195,39 @@ class FeatureCache:
         return key in self._pending or key in self._ensure_index()
 
     def _remember(self, key: str, entry: _Entry) -> None:
-        if self.lru_items == 0:
+        if self.lru_items == 0 or entry.vector.nbytes > self.lru_bytes:
             return
+        old = self._lru.pop(key, None)
+        if old is not None:
+            self._lru_nbytes -= old.vector.nbytes
         self._lru[key] = entry
-        self._lru.move_to_end(key)
-        while len(self._lru) > self.lru_items:
-            self._lru.popitem(last=False)
+        self._lru_nbytes += entry.vector.nbytes
+        while len(self._lru) > self.lru_items or self._lru_nbytes > self.lru_bytes:
+            _, evicted = self._lru.popitem(last=False)
+            self._lru_nbytes -= evicted.vector.nbytes
 
     def flush(self) -> int:
-        """Write pending entries as one new segment (atomic rename); returns entries written."""
+        """Write pending entries as new segments (atomic renames); returns entries written.
+
+        Patch grids and pooled vectors go to separate segments, so that reading a frame or
+        roi vector never decodes grids (a row group is the unit read, ~8 MiB at most).
+        """
         with self._lock:
             if self.path is None or not self._pending:
                 return 0
-            keys = list(self._pending)
-            entries = [self._pending[k] for k in keys]
-            seg = self.path / f"cache-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet"
-            _write_segment(seg, keys, entries)
             index = self._ensure_index()
-            for row, k in enumerate(keys):
-                index.setdefault(k, (seg, row))
+            for grids in (False, True):
+                keys = [k for k, e in self._pending.items() if (e.granularity == "patch") == grids]
+                if not keys:
+                    continue
+                seg = _new_segment_path(self.path)
+                groups = _write_segment(seg, keys, [self._pending[k] for k in keys])
+                for k, loc in zip(keys, _row_locations(groups)):
+                    index.setdefault(k, (seg, *loc))
+            n = len(self._pending)
             self._pending.clear()
-            return len(keys)
+            self._pending_nbytes = 0
+            return n
 
     # -- maintenance -----------------------------------------------------------------------
 
@@ -214,9 +251,43 @@ class FeatureCache:
     def __len__(self) -> int:
         return len(self.keys())
 
-    def gc(self, referenced_keys: set[str]) -> int:
-        """Remove every entry whose key is not in ``referenced_keys``; returns entries removed."""
-        return self._drop(lambda k: k not in referenced_keys)
+    def catalog(self) -> pa.Table:
+        """Persisted entries without their vectors: ``cache_key, granularity, model_id, dim,
+        parent_key, segment`` (one row per key; a key written by two actors counts once)."""
+        with self._lock:
+            parts = []
+            if self.path is not None:
+                for seg in self._segments():
+                    t = _read_segment(seg, columns=["cache_key", "granularity", "model_id", "dim", "parent_key"])
+                    parts.append(t.append_column("segment", pa.array([seg.name] * t.num_rows, pa.string())))
+            if not parts:
+                names = ["cache_key", "granularity", "model_id", "dim", "parent_key"]
+                fields = [*(SEGMENT_SCHEMA.field(n) for n in names), pa.field("segment", pa.string())]
+                return pa.schema(fields).empty_table()
+            table = pa.concat_tables(parts)
+            keys = table.column("cache_key").to_pylist()
+            first = list({k: i for i, k in reversed(list(enumerate(keys)))}.values())
+            return table.take(pa.array(sorted(first), type=pa.int64())) if len(first) != len(keys) else table
+
+    def gc(self, referenced_keys: set[str], *, keep_parents: bool = True) -> int:
+        """Remove every entry whose key is not referenced; returns entries removed.
+
+        With ``keep_parents`` the patch grids that referenced entries were pooled from
+        (their ``parent_key``) are kept too.
+        """
+        keep = set(referenced_keys)
+        if keep_parents:
+            keep |= self._parents_of(keep)
+        return self._drop(lambda k: k not in keep)
+
+    def _parents_of(self, keys: set[str]) -> set[str]:
+        with self._lock:
+            found = {e.parent for k, e in [*self._lru.items(), *self._pending.items()] if k in keys and e.parent}
+            if self.path is not None:
+                cat = self.catalog()
+                found |= {p for k, p in zip(cat.column("cache_key").to_pylist(), cat.column("parent_key").to_pylist())
+                          if p and k in keys}
+            return found
 
     def remove(self, keys: Iterable[str]) -> int:
         """Remove the given entries (e.g. an erasure request); returns entries removed."""
@@ -227,22 +298,21 @@ class FeatureCache:
         with self._lock:
             removed: set[str] = set()
             for k in [k for k in self._lru if doomed(k)]:
-                del self._lru[k]
+                self._lru_nbytes -= self._lru.pop(k).vector.nbytes
                 removed.add(k)
             for k in [k for k in self._pending if doomed(k)]:
-                del self._pending[k]
+                self._pending_nbytes -= self._pending.pop(k).vector.nbytes
                 removed.add(k)
             if self.path is not None:
                 for seg in self._segments():
-                    table = pq.read_table(seg, schema=SEGMENT_SCHEMA)
+                    table = _read_segment(seg)
                     keys = table.column("cache_key").to_pylist()
                     keep = [i for i, k in enumerate(keys) if not doomed(k)]
                     if len(keep) == len(keys):
                         continue
                     removed.update(k for k in keys if doomed(k))
                     if keep:
-                        new = seg.with_name(f"cache-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet")
-                        _atomic_write(new, table.take(pa.array(keep, type=pa.int64())))
+                        _atomic_write(_new_segment_path(seg.parent), table.take(pa.array(keep, type=pa.int64())))
                     seg.unlink()
                 self.refresh()
             return len(removed)
@@ -274,23 +344,26 @@ class FeatureCache:
         assert self.path is not None
         return sorted(self.path.glob(SEGMENT_GLOB))
 
-    def _ensure_index(self) -> dict[str, tuple[Path, int]]:
+    def _ensure_index(self) -> dict[str, tuple[Path, int, int]]:
         if self._index is None:
-            index: dict[str, tuple[Path, int]] = {}
+            index: dict[str, tuple[Path, int, int]] = {}
             if self.path is not None:
                 for seg in self._segments():
-                    keys = pq.read_table(seg, columns=["cache_key"]).column("cache_key").to_pylist()
-                    for row, k in enumerate(keys):
-                        index.setdefault(k, (seg, row))
+                    pf = pq.ParquetFile(seg)
+                    keys = pf.read(columns=["cache_key"]).column("cache_key").to_pylist()
+                    groups = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
+                    for k, loc in zip(keys, _row_locations(groups)):
+                        index.setdefault(k, (seg, *loc))
             self._index = index
         return self._index
 
-    def _decode(self, seg: Path) -> _Segment:
-        got = self._decoded.get(seg)
+    def _decode(self, seg: Path, row_group: int) -> _Segment:
+        unit = (seg, row_group)
+        got = self._decoded.get(unit)
         if got is not None:
-            self._decoded.move_to_end(seg)
+            self._decoded.move_to_end(unit)
             return got
-        table = pq.read_table(seg, schema=SEGMENT_SCHEMA)
+        table = _read_segment(seg, row_group=row_group)
         vec = table.column("vector").combine_chunks()
         values = vec.values.to_numpy(zero_copy_only=False)
         offsets = vec.offsets.to_numpy(zero_copy_only=False) - vec.offsets[0].as_py()
@@ -302,14 +375,28 @@ class FeatureCache:
             shapes=[tuple(s) for s in table.column("shape").to_pylist()],
             granularity=table.column("granularity").to_pylist(),
             model_id=table.column("model_id").to_pylist(),
+            parent=table.column("parent_key").to_pylist(),
         )
-        self._decoded[seg] = decoded
+        self._decoded[unit] = decoded
         while len(self._decoded) > self._decoded_max:
             self._decoded.popitem(last=False)
         return decoded
 
 
-def _write_segment(seg: Path, keys: list[str], entries: list[_Entry]) -> None:
+ROW_GROUP_BYTES = 8 << 20
+
+
+def _new_segment_path(folder: Path) -> Path:
+    return folder / f"cache-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet"
+
+
+def _row_locations(groups: list[int]) -> list[tuple[int, int]]:
+    """(row group, row within it) of every row of a file with row groups of these sizes."""
+    return [(g, r) for g, n in enumerate(groups) for r in range(n)]
+
+
+def _write_segment(seg: Path, keys: list[str], entries: list[_Entry]) -> list[int]:
+    """Write a segment; returns its row-group sizes."""
     flat = np.concatenate([e.vector.reshape(-1) for e in entries]) if entries else np.zeros(0, np.float32)
     offsets = np.zeros(len(entries) + 1, dtype=np.int32)
     np.cumsum([e.vector.size for e in entries], out=offsets[1:])
@@ -321,17 +408,39 @@ def _write_segment(seg: Path, keys: list[str], entries: list[_Entry]) -> None:
             pa.array([e.vector.size for e in entries], pa.int32()),
             pa.array([list(e.vector.shape) for e in entries], pa.list_(pa.int32())),
             pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.float32())),
+            pa.array([e.parent for e in entries], pa.string()),
         ],
         schema=SEGMENT_SCHEMA,
     )
-    _atomic_write(seg, table)
+    return _atomic_write(seg, table)
 
 
-def _atomic_write(dest: Path, table: pa.Table) -> None:
+def _read_segment(seg: Path, columns: list[str] | None = None, row_group: int | None = None) -> pa.Table:
+    """A segment (or one row group of it) as ``SEGMENT_SCHEMA`` (or only ``columns`` of it,
+    without reading the others); segments written before ``parent_key`` existed read it as null."""
+    want = list(columns) if columns is not None else SEGMENT_SCHEMA.names
+    pf = pq.ParquetFile(seg)
+    present = set(pf.schema_arrow.names)
+    cols = [c for c in want if c in present]
+    table = pf.read(columns=cols) if row_group is None else pf.read_row_group(row_group, columns=cols)
+    for name in want:
+        if name not in present:
+            field = SEGMENT_SCHEMA.field(name)
+            table = table.append_column(field, pa.nulls(table.num_rows, field.type))
+    return table.select(want).cast(pa.schema([SEGMENT_SCHEMA.field(n) for n in want], metadata=SEGMENT_SCHEMA.metadata))
+
+
+def _atomic_write(dest: Path, table: pa.Table) -> list[int]:
+    """Write a segment table atomically, in row groups of at most ~``ROW_GROUP_BYTES`` of
+    vector data (the unit a lookup decodes); returns the row-group sizes."""
+    widest = max(table.column("dim").to_pylist(), default=1) * 4
+    rows = max(1, ROW_GROUP_BYTES // max(widest, 1))
     tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        pq.write_table(table, tmp, compression="zstd")
+        pq.write_table(table, tmp, compression="zstd", row_group_size=rows)
         os.replace(tmp, dest)
     finally:
         if tmp.exists():
             tmp.unlink()
+    meta = pq.read_metadata(dest)
+    return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]

