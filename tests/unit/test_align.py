@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -129,3 +130,52 @@ def test_drift_alarm_needs_consecutive_ticks():
     assert len(rows) == 1
     assert (rows[0]["start_tick"], rows[0]["end_tick"]) == (10, 15)
     assert rows[0]["start_t_ns"] == 400 * MS and rows[0]["max_residual_ms"] == 1200.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(-4 * 3600 * 10**9, 4 * 3600 * 10**9), st.integers(-10**7, 10**7), st.integers(-10**10, 10**10))
+def test_clock_array_equals_exact_integers_for_hours_at_any_skew(local_ns, skew_ppb, offset_ns):
+    c = SessionClock(offset_ns=offset_ns, skew_ppb=skew_ppb)
+    exact = offset_ns + local_ns + (local_ns * skew_ppb) // 10**9  # Python ints: no overflow
+    assert c.to_session(local_ns) == exact
+    assert c.to_session_array(np.array([local_ns], np.int64))[0] == exact
+    # to_local inverts it: the last local ns that maps at or before a session time.
+    t = c.to_local(exact)
+    assert c.to_session(t) <= exact < c.to_session(t + 1)
+
+
+def test_clock_for_four_hours_at_one_percent_skew():
+    c = SessionClock.from_mapping(ClockMapping(offset_ns=-5 * 10**9, skew_ppm=10_000.0))
+    four_h = 4 * 3600 * 10**9
+    local = np.array([0, four_h - 1, four_h], np.int64)  # local * skew_ppb would overflow int64
+    assert c.to_session_array(local).tolist() == [c.to_session(int(x)) for x in local]
+    assert c.to_session(four_h) == -5 * 10**9 + four_h + 144 * 10**9  # 1 % of 4 h = 144 s
+
+
+def test_pdf_blocks_of_one_page_are_one_event_named_by_the_smallest_id():
+    def run(order):
+        al = TickAligner("s", trace_id="t")
+        al.register("cam", "video", _lineage("cam"), ClockMapping())
+        al.register("deck", "pdf", _lineage("deck"), ClockMapping())
+        al.add("cam", _events("cam", [k * 40 * MS for k in range(10)]))
+        for i in order:
+            al.add("deck", pa.table({"event_id": [f"deck/{i}"], "t_ns": pa.array([0], pa.int64()),
+                                     "end_t_ns": pa.array([None], pa.int64())}))
+        return al.finish().records
+
+    a, b = run([2, 0, 1]), run([0, 1, 2])
+    assert a.equals(b)
+    assert set(a.filter(pc.equal(a.column("source_id"), "deck")).column("event_id").to_pylist()) == {"deck/0"}
+
+
+def test_idle_source_times_out_and_releases_ticks():
+    al = TickAligner("s", allowed_lateness_ms=0, idle_timeout_s=5.0)
+    al.register("cam", "video", _lineage("cam"), ClockMapping())
+    al.register("mic", "audio", _lineage("mic"), ClockMapping())
+    al.add("cam", _events("cam", [k * 40 * MS for k in range(100)]))
+    al.add("mic", _events("mic", [k * 10 * MS for k in range(100)]))  # the mic stops after 1 s
+    import time
+
+    now = time.monotonic()
+    assert al.poll(now=now).tick_end < 25
+    assert al.poll(now=now + 60).tick_end > 90  # mic silent for 60 s: treated as finished
