@@ -40,8 +40,8 @@ class IngestActor:
         _single_threaded()
         self.worker = IngestWorker(RunConfig.model_validate_json(config_json), Path(out_root), Path(key_store_dir))
 
-    def ingest(self, ctx: Any, tenant: str, subjects: tuple[str, ...]):
-        for kind, payload in self.worker.ingest(ctx, tenant, subjects):
+    def ingest(self, ctx: Any, tenant: str, subjects: tuple[str, ...], reference: Any = None):
+        for kind, payload in self.worker.ingest(ctx, tenant, subjects, reference):
             if kind == "embed":
                 modality, table = payload
                 # The table is its own stream item (owned by the caller, not a ref nested in
@@ -56,12 +56,12 @@ class IngestActor:
 class AlignerActor:
     """One per session: collects event times from all sources, then writes the timeline."""
 
-    def __init__(self, session_id: str, config_json: str, out_root: str) -> None:
+    def __init__(self, session_id: str, config_json: str, out_root: str, expected_sources: list[str]) -> None:
         from operators.align.aligner import TickAligner
         from pipeline.layout import OutputLayout
 
         self.cfg = RunConfig.model_validate_json(config_json)
-        self.aligner = TickAligner(session_id, self.cfg.align)
+        self.aligner = TickAligner(session_id, self.cfg.align, expected_sources=expected_sources)
         self.layout = OutputLayout(Path(out_root))
         self.session_id = session_id
 
@@ -69,8 +69,13 @@ class AlignerActor:
         self.aligner.register(source_id, modality, lineage, clock)
 
     def add(self, source_id: str, events: pa.Table, latency_ms: float = 0.0) -> int:
-        self.aligner.add(source_id, events, latency_ms)
-        return events.num_rows
+        return self.aligner.add(source_id, events, latency_ms)
+
+    def observe_offsets(self, source_id: str, windows: list) -> int:
+        return self.aligner.observe_offsets(source_id, windows)
+
+    def finish_source(self, source_id: str) -> None:
+        self.aligner.finish_source(source_id)
 
     def finish(self) -> dict:
         from pipeline.layout import write_jsonl, write_table

@@ -61,6 +61,9 @@ class _SourceJob:
     part: int = 0
     pending: list = field(default_factory=list)
     lineage_row: dict | None = None
+    clock: Any = None  # ClockMapping when estimated/verified in the worker
+    windows: list = field(default_factory=list)
+    registered: bool = False
 
 
 class Runner:
@@ -116,13 +119,12 @@ class Runner:
         states: list[_SessionState] = []
         jobs: list[tuple[_SessionState, SourceContext]] = []
         for s in sessions:
-            aligner = AlignerActor.options(num_cpus=0).remote(s.manifest.session_id, cfg_json, str(self.out))
-            st = _SessionState(s, aligner)
+            st = _SessionState(s, aligner=None)
             states.append(st)
-            for spec in s.manifest.sources:
-                ctx = self._context(st, spec)
-                if ctx is not None:
-                    jobs.append((st, ctx))
+            ctxs = [c for c in (self._context(st, spec) for spec in s.manifest.sources) if c is not None]
+            st.aligner = AlignerActor.options(num_cpus=0).remote(
+                s.manifest.session_id, cfg_json, str(self.out), [c.spec.id for c in ctxs])
+            jobs += [(st, c) for c in ctxs]
 
         with ThreadPoolExecutor(max_workers=n_ingest) as pool:
             futures = [pool.submit(self._ingest_one, st, ctx, ingest_actors[i % n_ingest], embedder, i)
@@ -179,7 +181,8 @@ class Runner:
             operators="", policy=self.config.policy.tag, model_id=None))
         limit = self.config.runtime.max_in_flight
         try:
-            stream = actor.ingest.options(num_returns="streaming").remote(ctx, m.tenant, tuple(m.subjects))
+            stream = actor.ingest.options(num_returns="streaming").remote(
+                ctx, m.tenant, tuple(m.subjects), self._reference(st, ctx))
             for ref in stream:
                 kind, payload = ray.get(ref)
                 if kind == "embed":  # the next item is the payload table itself: forward its ref unread
@@ -194,6 +197,8 @@ class Runner:
                 session_id=ctx.session_id, source_id=ctx.spec.id, source_uri=ctx.uri, source_version=ctx.version,
                 stage=f"ingest/{ctx.spec.modality}", reason_code="worker_failed",
                 message=f"ingest worker failed ({type(exc).__name__}); re-run to retry"), embedder)
+        if job.registered:  # no more events from this source: its ticks can be decided
+            job.pending.append(st.aligner.finish_source.remote(ctx.spec.id))
         self._collect(ray.get(job.pending))
         row = job.lineage_row or dict(job.lineage, modality=ctx.spec.modality, status="quarantined",
                                       events=job.events, deid=[], subjects=list(m.subjects))
@@ -212,9 +217,18 @@ class Runner:
     def _route(self, st: _SessionState, job: "_SourceJob", kind: str, payload: Any, embedder) -> None:
         """Forward one ingest item: metadata to the aligner, payload to the embedder, rows to the driver."""
         ctx = job.ctx
-        if kind == "source":  # first item: the lineage columns every row of this source carries
+        if kind == "clock":  # the mapping the source was ingested with, and measured window offsets
+            job.clock, job.windows = payload
+            if job.clock.estimated:
+                self.progress(f"clock {ctx.session_id}/{ctx.spec.id}: offset {job.clock.offset_ns / 1e6:+.1f} ms, "
+                              f"skew {job.clock.skew_ppm:+.1f} ppm (estimated against {job.clock.estimate_from})")
+        elif kind == "source":  # the lineage columns every row of this source carries
             job.lineage = payload
-            job.pending.append(st.aligner.register.remote(ctx.spec.id, ctx.spec.modality, payload, ctx.spec.clock))
+            clock = job.clock or ctx.spec.clock
+            job.pending.append(st.aligner.register.remote(ctx.spec.id, ctx.spec.modality, payload, clock))
+            if job.windows:
+                job.pending.append(st.aligner.observe_offsets.remote(ctx.spec.id, job.windows))
+            job.registered = True
         elif kind == "meta":
             job.events += payload.num_rows
             latency = (time.perf_counter() - job.started) * 1e3
@@ -230,6 +244,18 @@ class Runner:
                 st.quarantine.append(payload)
         elif kind == "lineage":
             job.lineage_row = payload
+
+    def _reference(self, st: _SessionState, ctx: SourceContext) -> tuple[Path, Any] | None:
+        """(path, clock) of the source this one's clock is estimated or verified against."""
+        ref_id = ctx.spec.clock.reference
+        if ref_id is None:
+            return None
+        ref = next(s for s in st.session.manifest.sources if s.id == ref_id)
+        path = st.session.resolve(ref)
+        if not path.is_file():
+            self.progress(f"clock {ctx.session_id}/{ctx.spec.id}: reference {ref_id} is missing; manifest clock kept")
+            return None
+        return path, ref.clock
 
     def _collect(self, results: list) -> None:
         import ray

@@ -8,7 +8,8 @@ meeting of three sources on one session clock, plus the ground truth to check ou
   public domain) glides along an arc, always fully in frame (``sample_face_box``). Its
   audio track carries the speech from session time ``SPEECH_START_NS``. Clock offset 0.
 - ``lapel.wav``: 16 kHz 16-bit mono, the same speech as recorded by a second device whose
-  local zero is session time ``LAPEL_OFFSET_NS`` (clock.offset_ns), with its own noise.
+  local zero is session time ``LAPEL_OFFSET_NS`` (ground truth; the manifest asks the
+  pipeline to estimate it against the room video: ``clock.estimate_from``), with its own noise.
 - ``slides.pdf``: landscape pages (title + lines) with non-personal words and planted
   personal data (names, emails, phones); page i is active from ``page_schedule_ns[i]``.
 - ``manifest.yaml``: a ``schemas.manifest.Manifest`` with ``ground_truth``.
@@ -209,7 +210,9 @@ def generate_sample(out_dir: Path, duration_s: float = 12.0, seed: int = 0) -> P
         session_id=SESSION_ID,
         sources=[
             SourceSpec(id=VIDEO_ID, uri=VIDEO_FILE, modality="video", clock=ClockMapping(offset_ns=0)),
-            SourceSpec(id=LAPEL_ID, uri=LAPEL_FILE, modality="audio", clock=ClockMapping(offset_ns=LAPEL_OFFSET_NS)),
+            # The lapel recorder's offset is not written down, as with a real recorder: the
+            # pipeline estimates it against the room video's audio (ground truth below).
+            SourceSpec(id=LAPEL_ID, uri=LAPEL_FILE, modality="audio", clock=ClockMapping(estimate_from=VIDEO_ID)),
             SourceSpec(id=SLIDES_ID, uri=SLIDES_FILE, modality="pdf", clock=ClockMapping(offset_ns=0),
                        page_schedule_ns=schedule),
         ],

@@ -7,7 +7,9 @@ leaves (the yielded items and the event files) is de-identified.
 
 ``ingest`` yields ``(kind, payload)`` items:
 
-- ``("source", lineage)``: first item, the lineage columns of every row of this source;
+- ``("clock", (mapping, windows))``: when the source's clock is estimated or verified
+  against another source: the mapping ingested with and the per-window observed offsets;
+- ``("source", lineage)``: then, the lineage columns of every row of this source;
 - ``("meta", table)``: event ids and session times for the aligner;
 - ``("embed", (modality, table))``: de-identified payload sampled for embedding;
 - ``("quarantine", row)``: a rejected source or range (``QuarantineRow`` fields);
@@ -22,6 +24,7 @@ import io
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,7 @@ from operators.ingest.base import SourceContext
 from pipeline.errors import ComplianceError, InputError
 from pipeline.layout import OutputLayout, remove_parts, with_lineage, write_table
 from schemas.config import RunConfig
+from schemas.manifest import ClockMapping
 from schemas.tables import MfccRow, TextBlockRow, VideoFrameRow
 
 log = logging.getLogger(__name__)
@@ -120,7 +124,14 @@ class IngestWorker:
         raise KeyError(name)
 
     # -- one source -----------------------------------------------------------------------
-    def ingest(self, ctx: SourceContext, tenant: str = "default", subjects: tuple[str, ...] = ()) -> Iterator[Item]:
+    def ingest(
+        self, ctx: SourceContext, tenant: str = "default", subjects: tuple[str, ...] = (),
+        reference: tuple[Path, ClockMapping] | None = None,
+    ) -> Iterator[Item]:
+        """Ingest one source; ``reference`` (path, clock) when its clock is estimated/verified against it."""
+        if reference is not None:
+            ctx, clock_item = self._clock(ctx, *reference)
+            yield clock_item
         modality = ctx.spec.modality
         chain = {"video": ("video", "face"), "audio": ("audio", "voice"), "pdf": ("pdf", "text")}[modality]
         ops = [self._op(n, tenant) for n in chain]
@@ -163,6 +174,26 @@ class IngestWorker:
             policy=lineage["policy"], deid=list(stats["deid"].values()), subjects=list(subjects),
             latency_ms=(time.perf_counter() - started) * 1e3,
         )
+
+    def _clock(self, ctx: SourceContext, ref_path: Path, ref_clock: ClockMapping) -> tuple[SourceContext, Item]:
+        """Estimate (or verify) the source's clock against a reference recording, in this process.
+
+        The decoded audio of both stays here; only the mapping and window offsets leave. If no
+        offset can be found, the manifest's mapping is kept and no windows are reported.
+        """
+        from operators.align.offset import estimate_source_offset
+
+        clock = ctx.spec.clock
+        try:
+            est = estimate_source_offset(ref_path, ctx.path, self.config.ingest.audio.sample_rate_hz,
+                                         ref_clock=ref_clock)
+        except InputError as exc:
+            log.warning("clock of %s not estimated against %s: %s", ctx.uri, ref_path.name, exc.message)
+            return ctx, ("clock", (clock, []))
+        if clock.estimate_from:
+            clock = est.clock_mapping(estimate_from=clock.estimate_from)
+            ctx = replace(ctx, spec=ctx.spec.model_copy(update={"clock": clock}))
+        return ctx, ("clock", (clock, est.observations()))
 
     @staticmethod
     def _count_deid(stats: dict, table: pa.Table) -> None:

@@ -56,6 +56,9 @@ class AlignConfig(_Strict):
     )
     drift_threshold_ms: float = Field(800.0, gt=0)
     drift_consecutive_ticks: int = Field(5, ge=1)
+    allowed_lateness_ms: float = Field(
+        2000.0, ge=0, description="an event later than this behind its source's newest is logged 'late', not matched"
+    )
 
 
 class ImageEncoderSpec(_Strict):

@@ -49,4 +49,4 @@ def load_model(model: type[M], path: Path) -> M:
 
 
 def dump_yaml(model: BaseModel) -> str:
-    return yaml.safe_dump(model.model_dump(mode="json", exclude_none=True), sort_keys=False)
+    return yaml.safe_dump(model.model_dump(mode="json", exclude_none=True, exclude_defaults=True), sort_keys=False)

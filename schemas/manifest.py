@@ -38,6 +38,21 @@ class ClockMapping(_Strict):
     estimate_from: str | None = Field(
         None, description="id of another source with audio: estimate offset/skew against it by cross-correlation"
     )
+    verify_with: str | None = Field(
+        None, description="id of another source with audio: keep this mapping, but measure drift against it"
+    )
+    confidence: float | None = Field(None, ge=0, le=1, description="confidence of an estimated mapping")
+
+    @model_validator(mode="after")
+    def _one_reference(self) -> "ClockMapping":
+        if self.estimate_from and self.verify_with:
+            raise ValueError("set at most one of clock.estimate_from and clock.verify_with")
+        return self
+
+    @property
+    def reference(self) -> str | None:
+        """The source this clock is estimated or verified against, if any."""
+        return self.estimate_from or self.verify_with
 
 
 class SourceSpec(_Strict):
@@ -108,7 +123,7 @@ class Manifest(_Strict):
                 raise ValueError(f"duplicate source id {s.id!r}")
             seen.add(s.id)
         for s in self.sources:
-            ref = s.clock.estimate_from
+            ref = s.clock.reference
             if ref is not None and (ref not in seen or ref == s.id):
-                raise ValueError(f"source {s.id!r}: clock.estimate_from names no other source ({ref!r})")
+                raise ValueError(f"source {s.id!r}: clock.estimate_from/verify_with names no other source ({ref!r})")
         return self

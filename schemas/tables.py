@@ -145,7 +145,7 @@ class CtalRow(_Row):
     aligned_t_ns: int
     modalities: list[str]
     observed_offsets_ns: list[int | None]
-    decision: str = Field(description="matched | gap | late | interpolated")
+    decision: str = Field(description="gap | late | out_of_tolerance (drift) | interpolated")
     reason: str
     latency_ms: list[float] = Field(description="processing latency per modality, ms, same order as modalities")
 
@@ -160,12 +160,14 @@ class CtalSummaryRow(_Row):
     ticks: int
     matched: int
     gaps: int
+    late: int = Field(0, description="events that arrived after their ticks were decided (logged, not matched)")
     residual_p50_ms: float | None
     residual_p95_ms: float | None
     residual_max_ms: float | None
     offset_ns: int
     skew_ppm: float
     offset_method: str = Field(description="manifest | estimated")
+    offset_confidence: float | None = Field(None, description="confidence of an estimated offset, 0..1")
 
 
 class DriftAlarmRow(_Row):

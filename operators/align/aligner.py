@@ -743,9 +743,9 @@ class TickAligner(Operator[AlignConfig]):
             mx = s.res_max_ns / 1e6
         return dict(
             session_id=self.session_id, source_id=s.source_id, modality=s.modality, ticks=self._next_tick,
-            matched=s.matched, gaps=s.gaps, residual_p50_ms=p50, residual_p95_ms=p95, residual_max_ms=mx,
+            matched=s.matched, gaps=s.gaps, late=s.late, residual_p50_ms=p50, residual_p95_ms=p95, residual_max_ms=mx,
             offset_ns=s.clock.offset_ns, skew_ppm=s.clock.skew_ppm,
-            offset_method="estimated" if s.clock.estimated else "manifest",
+            offset_method="estimated" if s.clock.estimated else "manifest", offset_confidence=s.clock.confidence,
         )
 
 

@@ -80,7 +80,7 @@ class OffsetEstimate:
             raise InputError(f"estimated clock skew {self.skew_ppm:.0f} ppm is outside +-10000 ppm",
                              stage="offset_estimation", code="skew_out_of_range")
         return ClockMapping(offset_ns=self.offset_ns, skew_ppm=self.skew_ppm, estimated=True,
-                            estimate_from=estimate_from)
+                            estimate_from=estimate_from, confidence=min(1.0, max(0.0, float(self.confidence))))
 
     def observations(self, min_confidence: float = 0.0) -> list[tuple[int, int, float]]:
         """Windows with confidence above ``min_confidence``: the input of ``TickAligner.observe_offsets``."""

@@ -18,6 +18,7 @@ import pytest
 
 from schemas.load import load_model
 from schemas.manifest import Manifest
+from schemas.policy import DeidPolicy
 
 pytestmark = pytest.mark.e2e
 
@@ -78,6 +79,10 @@ def test_residuals_within_tolerance_and_lapel_gap_logged(demo):
     ctal = _table(root / "out", "ctal/*.parquet").to_pylist()
     lapel_gaps = [c for c in ctal if "lapel" in c["reason"]]
     assert len(lapel_gaps) >= first_match - 1 and all(c["decision"] == "gap" for c in lapel_gaps)
+    # The lapel's clock offset is not in the manifest: estimated against the room video's audio.
+    summary = {r["source_id"]: r for r in _table(root / "out", "ctal/summary/*.parquet").to_pylist()}
+    assert summary["lapel"]["offset_method"] == "estimated"
+    assert abs(summary["lapel"]["offset_ns"] / 1e6 - lapel_offset_ms) <= 10.0
     jsonl = (root / "out" / "ctal" / f"{manifest.session_id}.jsonl").read_text().splitlines()
     assert len(jsonl) == len(ctal) and json.loads(jsonl[0])["session_id"] == manifest.session_id
 
@@ -159,7 +164,7 @@ def test_lineage_rows_name_every_source(demo):
         path = root / "sample" / spec.uri
         assert r["source_uri"] == path.resolve().as_uri()
         assert r["source_version"] == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
-        assert r["status"] == "ingested" and r["policy"] == "modalign-default@1"
+        assert r["status"] == "ingested" and r["policy"] == DeidPolicy().tag
     feats = _table(root / "out", "features/*/*/*.parquet")
     assert set(feats.column("source_id").to_pylist()) == {s.id for s in manifest.sources}
     assert all(m and "@" in m for m in feats.column("model_id").to_pylist())
