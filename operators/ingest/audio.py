@@ -15,22 +15,31 @@ window overlap carried across chunks so the output equals a one-shot computation
 never returned, stored or logged. MFCCs use log-mel (``log(mel + 1e-6)``), which is
 frame-local; torchaudio's default dB scaling clips against the chunk's maximum and would
 make chunked output depend on chunk boundaries.
+
+``voiced`` (when ``vad``) flags each MFCC frame by an energy voice-activity detector on the
+same frame grid (``operators.ingest.vad``: log-energy over an adaptive noise floor, with
+hangover); it is computed from the waveform here, so nothing downstream needs it.
+
+Long files stay sample-accurate: frame k's time is ``start + k*hop/rate`` in exact integer
+arithmetic (no accumulated float), and a WAV header that declares more data than the file
+holds is reported as ``truncated`` after the audio that is there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from pydantic import Field
 
-from operators.align.clock import NS_PER_S, pts_to_ns, samples_to_ns
+from operators.align.clock import NS_PER_S, samples_to_ns
 from operators.base import OperatorConfig
+from operators.ingest._av import check_truncated, declared_span_ns, open_container, partial_error, wav_declared_ns
 from operators.ingest.base import SourceContext, SourceOperator, event_id
-from operators.ingest.video import check_truncated, declared_span_ns, open_container, partial_error
+from operators.ingest.vad import EnergyVad, frame_energy_db
 from pipeline.errors import LimitExceededError, UnreadableInputError, UnsupportedInputError
 
 GAP_TOLERANCE_NS = 5_000_000  # PTS jumps above this are filled with silence
@@ -46,6 +55,11 @@ class AudioMfccConfig(OperatorConfig):
     hop_ms: float = 10.0
     max_duration_s: float = 4 * 3600
     chunk_s: float = 10.0
+    vad: bool = Field(True, description="compute the per-frame voice-activity flag `voiced`")
+    vad_threshold_db: float = Field(10.0, gt=0, description="active: this far above the noise floor")
+    vad_floor_s: float = Field(3.0, gt=0, description="noise floor: quietest frame of this window")
+    vad_hangover_ms: float = Field(200.0, ge=0, description="voiced for this long after the last active frame")
+    vad_min_dbfs: float = Field(-55.0, description="frames quieter than this are never active")
 
 
 def audio_mfcc_schema(n_mfcc: int = 40) -> pa.Schema:
@@ -54,14 +68,37 @@ def audio_mfcc_schema(n_mfcc: int = 40) -> pa.Schema:
         pa.field("t_ns", pa.int64(), nullable=False, metadata={"doc": "session ns of the frame's first sample"}),
         pa.field("frame_index", pa.int64(), nullable=False, metadata={"doc": "MFCC frame k of the source"}),
         pa.field("mfcc", pa.list_(pa.float32(), n_mfcc), nullable=False, metadata={"doc": "log-mel cepstrum"}),
+        pa.field("voiced", pa.bool_(), nullable=True,
+                 metadata={"doc": "energy voice-activity flag (operators.ingest.vad); null when vad is off"}),
     ], metadata={"table": "audio_mfcc", "doc": "MFCC frames, 10 ms hop; the waveform is never stored"})
+
+
+# Sample formats converted to float in numpy when no resampling is needed (the scale is
+# swresample's, so both paths give the same samples): name -> (offset, scale).
+_DIRECT_FORMATS = {"s16": (0, 1 / 32768), "s16p": (0, 1 / 32768), "s32": (0, 1 / 2**31), "s32p": (0, 1 / 2**31),
+                   "flt": (0, 1.0), "fltp": (0, 1.0), "dbl": (0, 1.0), "dblp": (0, 1.0),
+                   "u8": (128, 1 / 128), "u8p": (128, 1 / 128)}
+
+
+def _direct_mono(frame: Any) -> np.ndarray:
+    """Float32 samples of a mono frame at the target rate, without swresample."""
+    offset, scale = _DIRECT_FORMATS[frame.format.name]
+    x = frame.to_ndarray().reshape(-1).astype(np.float32)
+    if offset:
+        x -= offset
+    if scale != 1.0:
+        x *= np.float32(scale)
+    return x
 
 
 class PcmStream:
     """Iterate one audio stream as mono float32 chunks at ``rate``, gap-filled on the PTS.
 
     ``start_ns`` (local ns of the first sample) is set once the first frame is decoded;
-    ``produced`` counts samples yielded so far. PyAV errors propagate to the caller."""
+    ``produced`` counts samples yielded so far. PyAV errors propagate to the caller.
+    Mono input already at ``rate`` is converted in numpy (the same samples swresample
+    gives, without its per-frame cost); anything else goes through swresample (which also
+    downmixes, with its own channel weights)."""
 
     def __init__(self, container: Any, stream: Any, rate: int):
         self.container, self.stream, self.rate = container, stream, rate
@@ -74,15 +111,17 @@ class PcmStream:
         resampler, key, in_end = None, None, None  # in_end: local ns where the last input frame ended
         for frame in self.container.decode(self.stream):
             tb = frame.time_base or self.stream.time_base
-            if frame.pts is not None:
-                t = Fraction(pts_to_ns(frame.pts, tb))
+            if frame.pts is not None:  # pts_to_ns in plain ints (rounded to nearest): this runs per frame
+                t = (2 * frame.pts * tb.numerator * NS_PER_S + tb.denominator) // (2 * tb.denominator)
             else:  # no PTS: contiguous with the previous frame
-                t = in_end if in_end is not None else Fraction(0)
+                t = in_end if in_end is not None else 0
             if self.start_ns is None:
-                self.start_ns = int(t)
+                self.start_ns = t
             fkey = (frame.format.name, frame.layout.name, frame.sample_rate)
+            direct = (frame.sample_rate == self.rate and frame.layout.nb_channels == 1
+                      and frame.format.name in _DIRECT_FORMATS)
             jump = in_end is not None and t - in_end > GAP_TOLERANCE_NS
-            if resampler is not None and (jump or fkey != key):
+            if resampler is not None and (jump or fkey != key or direct):
                 yield from self._emit(resampler.resample(None))  # flush before a gap or format change
                 resampler = None
             if jump:
@@ -91,9 +130,15 @@ class PcmStream:
                     piece = min(self.rate, gap - i)
                     self.produced += piece
                     yield np.zeros(piece, np.float32)
+            in_end = t + frame.samples * NS_PER_S // frame.sample_rate
+            if direct:
+                x = _direct_mono(frame)
+                if x.size:
+                    self.produced += x.size
+                    yield x
+                continue
             if resampler is None:
                 resampler, key = av.AudioResampler(format="flt", layout="mono", rate=self.rate), fkey
-            in_end = t + Fraction(frame.samples * NS_PER_S, frame.sample_rate)
             yield from self._emit(resampler.resample(frame))
         if resampler is not None:
             yield from self._emit(resampler.resample(None))
@@ -110,7 +155,7 @@ class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
     """Decodes an audio source (or a video's first audio stream) into MFCC frame tables."""
 
     kind = "audio_mfcc"
-    version = "0.1.0"
+    version = "0.2.0"
     modality = "audio"
     config_model = AudioMfccConfig
 
@@ -163,7 +208,11 @@ class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
                 raise LimitExceededError(f"stream lasts {(end - start) / NS_PER_S:.0f} s, over max_duration_s="
                                          f"{cfg.max_duration_s:.0f}; split the source or raise the limit",
                                          source_uri=ctx.uri, stage=self.kind, code="duration_exceeded")
+            header_end = wav_declared_ns(ctx.path)  # FFmpeg hides a lying WAV size; see _av
+            if header_end is not None:
+                header_end += start
             pcm = PcmStream(container, stream, cfg.sample_rate_hz)
+            vad = self._vad() if cfg.vad else None
             chunk = max(int(cfg.chunk_s * cfg.sample_rate_hz), win)
             max_samples = int(cfg.max_duration_s * cfg.sample_rate_hz)
             pending: list[np.ndarray] = []
@@ -176,9 +225,10 @@ class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
                 x = np.concatenate(pending) if len(pending) > 1 else pending[0]
                 feats = self.mfcc(x)
                 n = feats.shape[0]
+                voiced = None if vad is None else vad(frame_energy_db(x, n, win, hop))
                 rest = x[n * hop:].copy()  # < one window; lets the chunk go
                 pending, held = ([rest] if rest.size else []), rest.size
-                yield self._table(ctx, pcm.start_ns, first_frame, feats)
+                yield self._table(ctx, pcm.start_ns, first_frame, feats, voiced)
                 first_frame += n
 
             def last_t() -> int | None:
@@ -207,9 +257,15 @@ class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
             if pcm.produced == 0:
                 raise UnreadableInputError("no audio could be decoded; check that the file plays, re-encode it",
                                            source_uri=ctx.uri, stage=self.kind)
-            check_truncated(ctx, self.kind, container, stream, last_t())
+            check_truncated(ctx, self.kind, container, stream, last_t(), declared_end_ns=header_end)
 
-    def _table(self, ctx: SourceContext, start_ns: int, first: int, feats: np.ndarray) -> pa.Table:
+    def _vad(self) -> EnergyVad:
+        cfg, hop_s = self.config, self.hop / self.config.sample_rate_hz
+        return EnergyVad(floor_frames=round(cfg.vad_floor_s / hop_s), threshold_db=cfg.vad_threshold_db,
+                         min_dbfs=cfg.vad_min_dbfs, hangover_frames=round(cfg.vad_hangover_ms / 1000 / hop_s))
+
+    def _table(self, ctx: SourceContext, start_ns: int, first: int, feats: np.ndarray,
+               voiced: np.ndarray | None = None) -> pa.Table:
         n, rate = feats.shape[0], self.config.sample_rate_hz
         idx = np.arange(first, first + n, dtype=np.int64)
         local = start_ns + (idx * self.hop * 2 * NS_PER_S + rate) // (2 * rate)  # samples_to_ns, vectorised
@@ -219,6 +275,7 @@ class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
             "t_ns": ctx.clock.to_session_array(local),
             "frame_index": idx,
             "mfcc": pa.FixedSizeListArray.from_arrays(pa.array(feats.reshape(-1)), self.config.n_mfcc),
+            "voiced": pa.nulls(n, pa.bool_()) if voiced is None else pa.array(voiced, pa.bool_()),
         }, schema=audio_mfcc_schema(self.config.n_mfcc))
 
 

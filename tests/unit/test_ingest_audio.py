@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from operators.ingest.audio import AudioMfccConfig, AudioMfccOperator, audio_mfcc_schema, decode_audio
+from operators.ingest.audio import AudioMfccConfig, AudioMfccOperator, PcmStream, audio_mfcc_schema, decode_audio
 from operators.ingest.base import SourceContext
 from pipeline.errors import InputError, LimitExceededError, UnreadableInputError, UnsupportedInputError
 from schemas.manifest import ClockMapping, SourceSpec
@@ -110,6 +110,7 @@ def test_chunked_equals_one_shot(media):
     assert len(chunked_tables) > 4
     chunked = pa.concat_tables(chunked_tables)
     assert chunked.column("t_ns").to_pylist() == one.column("t_ns").to_pylist()
+    assert chunked.column("voiced").to_pylist() == one.column("voiced").to_pylist()  # VAD state carries over
     a = one.column("mfcc").combine_chunks().flatten().to_numpy()
     b = chunked.column("mfcc").combine_chunks().flatten().to_numpy()
     np.testing.assert_allclose(b, a, atol=1e-4, rtol=0)
@@ -237,3 +238,139 @@ def test_duration_limit_midway_keeps_the_frames_within_it(media, monkeypatch):
     t = pa.concat_tables(got).column("t_ns").to_numpy()
     assert t[-1] == OFFSET_NS + 1_470_000_000  # last frame whose 25 ms window ends by 1.5 s
     assert e.value.code == "duration_exceeded" and e.value.start_t_ns == OFFSET_NS + 1_500_000_000
+
+
+# ---- voice activity ----------------------------------------------------------------------
+
+def test_voiced_marks_the_burst_then_the_hangover(media):
+    """Burst 1.000-1.300 s over a -60 dBFS floor: frame k (window [10k, 10k + 25) ms) is
+    active iff its window overlaps the burst (k = 98..129), voiced 20 frames longer."""
+    table = read(media["wav"], offset_ns=0)
+    k = table.column("frame_index").to_numpy()
+    voiced = table.column("voiced").to_numpy(zero_copy_only=False)
+    expected = (k >= 98) & (k <= 129 + 20)
+    np.testing.assert_array_equal(voiced, expected)
+
+
+@pytest.mark.parametrize("kind", ["m4a", "mp4"])
+def test_voiced_onset_survives_aac(media, kind):
+    table = read(media[kind], offset_ns=0)
+    t = table.column("t_ns").to_numpy()
+    voiced = table.column("voiced").to_numpy(zero_copy_only=False)
+    on = t[voiced]
+    assert abs(on[0] - 975_000_000) <= 30_000_000 and abs(on[-1] - 1_490_000_000) <= 30_000_000
+    assert voiced[(t >= 1_000_000_000) & (t < 1_480_000_000)].all()
+
+
+def test_vad_off_leaves_voiced_null(media):
+    table = read(media["wav"], vad=False)
+    assert table.schema == audio_mfcc_schema(40) and table.column("voiced").null_count == table.num_rows
+
+
+def test_energy_vad_adapts_to_a_steady_noise_floor():
+    """A noise level step of +30 dB that stays: voiced at first, then the floor (min of the
+    last 3 s) catches up and it counts as noise again."""
+    from operators.ingest.vad import EnergyVad
+
+    e = np.r_[np.full(500, -60.0), np.full(1000, -30.0)] + np.random.default_rng(0).normal(0, 0.5, 1500)
+    v = EnergyVad(floor_frames=300, threshold_db=10, min_dbfs=-55, hangover_frames=20)
+    voiced = np.concatenate([v(part) for part in np.array_split(e, 7)])  # chunked
+    assert not voiced[:500].any()
+    assert voiced[500:500 + 299].all()  # the quiet frames are still in the 300-frame window
+    assert not voiced[500 + 299 + 21:].any()  # floor caught up, hangover over
+    one = EnergyVad(floor_frames=300, threshold_db=10, min_dbfs=-55, hangover_frames=20)(e)
+    np.testing.assert_array_equal(voiced, one)
+
+
+def test_sound_from_the_first_frame_is_voiced():
+    """No history yet: the floor starts at min_dbfs, so a loud start is not taken for noise."""
+    from operators.ingest.vad import EnergyVad
+
+    v = EnergyVad(floor_frames=300, threshold_db=10, min_dbfs=-55, hangover_frames=20)
+    assert v(np.full(100, -20.0)).all()
+    assert not EnergyVad(min_dbfs=-55)(np.full(100, -50.0)).any()  # quiet steady noise is not
+
+
+def test_frame_energy_matches_the_definition():
+    from operators.ingest.vad import frame_energy_db
+
+    x = np.random.default_rng(1).standard_normal(16000).astype(np.float32) * 0.1
+    n = (x.size - 400) // 160 + 1
+    ref = [10 * np.log10(np.mean(x[k * 160:k * 160 + 400].astype(np.float64) ** 2) + 1e-12) for k in range(n)]
+    np.testing.assert_allclose(frame_energy_db(x, n, 400, 160), ref, atol=1e-9)
+    assert frame_energy_db(np.zeros(800, np.float32), 3, 400, 160).tolist() == [-120.0] * 3
+
+
+def test_mono_at_the_target_rate_skips_swresample_with_identical_samples(tmp_path):
+    import av
+
+    path = tmp_path / "m16.wav"
+    x = (np.random.default_rng(3).standard_normal(16000) * 8000).astype(np.int16)
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("pcm_s16le", rate=16000, layout="mono")
+        f = av.AudioFrame.from_ndarray(x[None], format="s16", layout="mono")
+        f.sample_rate, f.pts = 16000, 0
+        for pk in list(s.encode(f)) + list(s.encode(None)):
+            c.mux(pk)
+    with av.open(str(path)) as c:
+        direct = np.concatenate(list(PcmStream(c, c.streams.audio[0], 16000)))
+    np.testing.assert_array_equal(direct, x.astype(np.float32) / 32768)
+
+
+# ---- long files ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def long_wav(tmp_path_factory) -> tuple[Path, float]:
+    """30 minutes of 8 kHz PCM (29 MB, written in ~1 s): -50 dBFS noise, a burst at 1799.0 s."""
+    import wave
+
+    rate, seconds, burst = 8000, 1800, 1799.0
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(seconds * rate) * 100).astype("<i2")
+    b = int(burst * rate)
+    x[b:b + int(0.3 * rate)] = (rng.standard_normal(int(0.3 * rate)) * 6000).astype("<i2")
+    path = tmp_path_factory.mktemp("long") / "long.wav"
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(x.tobytes())
+    return path, burst
+
+
+def test_a_30_minute_file_stays_sample_accurate(long_wav):
+    """Frame times come from integer sample arithmetic on the PTS: after 30 minutes (8 kHz
+    resampled to 16 kHz) the last frames sit exactly where the samples are."""
+    path, burst = long_wav
+    n_frames, last, onset = 0, None, None
+    for table in AudioMfccOperator(AudioMfccConfig(chunk_s=60)).read(ctx_for(path, offset_ns=0)):
+        n_frames += table.num_rows
+        last = table
+        voiced = table.column("voiced").to_numpy(zero_copy_only=False)
+        if onset is None and voiced.any():
+            onset = int(table.column("t_ns").to_numpy()[np.argmax(voiced)])
+    assert n_frames == (1800 * 16000 - 400) // 160 + 1
+    t = last.column("t_ns").to_numpy()
+    truth = (np.arange(n_frames - t.size, n_frames) * 10_000_000)
+    assert np.abs(t - truth).max() <= 1_000_000 and t[-1] == 1_799_970_000_000
+    # the first voiced frame is the first whose 25 ms window reaches the burst
+    first = int(np.ceil((burst - 0.025) * 100 + 1e-9))
+    assert onset == first * 10_000_000
+
+
+def test_a_30_minute_resampled_stream_loses_no_sample(long_wav):
+    """The PCM path under the MFCCs: exactly 16 kHz x 1800 s samples, and the burst's first
+    sample within 1 ms of where it was written."""
+    import av
+
+    path, burst = long_wav
+    onset = None
+    with av.open(str(path)) as c:
+        pcm = PcmStream(c, c.streams.audio[0], 16000)
+        for x in pcm:
+            if onset is None and pcm.produced > (burst - 1) * 16000:
+                loud = np.flatnonzero(np.abs(x) > 0.05)
+                if loud.size:
+                    onset = pcm.produced - x.size + int(loud[0])
+    assert pcm.start_ns == 0 and pcm.produced == 1800 * 16000
+    assert abs(onset / 16000 - burst) <= 0.001

@@ -151,13 +151,13 @@ def test_limits_reject_before_decoding(vfr_clip):
     assert e.value.code == "duration_exceeded"
 
 
-def test_decode_failure_midway_yields_then_reports_range(vfr_clip, monkeypatch):
+def test_demux_failure_midway_yields_then_reports_range(vfr_clip, monkeypatch):
     import av
 
     real_open = av.open
 
     class Failing:
-        """A container whose decoder raises after 5 frames."""
+        """A container whose demuxer raises after 8 packets (a damaged container index)."""
 
         def __init__(self, c):
             self._c = c
@@ -171,21 +171,23 @@ def test_decode_failure_midway_yields_then_reports_range(vfr_clip, monkeypatch):
         def __exit__(self, *exc):
             self._c.close()
 
-        def decode(self, *a, **k):
-            for i, f in enumerate(self._c.decode(*a, **k)):
-                if i == 5:
+        def demux(self, *a, **k):
+            for i, p in enumerate(self._c.demux(*a, **k)):
+                if i == 8:
                     raise av.error.InvalidDataError(1094995529, "Invalid data found")
-                yield f
+                yield p
 
     monkeypatch.setattr(av, "open", lambda *a, **k: Failing(real_open(*a, **k)))
     got = []
     with pytest.raises(InputError) as e:
         for t in VideoFramesOperator().read(ctx_for(vfr_clip)):
             got.append(t)
-    assert pa.concat_tables(got).column("t_ns").to_pylist() == [OFFSET_NS + p * 1_000_000 for p in PTS_MS[:5]]
+    t_ns = pa.concat_tables(got).column("t_ns").to_pylist()
+    truth = [OFFSET_NS + p * 1_000_000 for p in PTS_MS]
+    assert 4 <= len(t_ns) <= 8 and t_ns == sorted(t_ns) and set(t_ns) <= set(truth)  # decoder delay: 8 packets
     assert e.value.code == "decode_failed"
-    assert e.value.start_t_ns == OFFSET_NS + PTS_MS[4] * 1_000_000 + 1
-    assert e.value.end_t_ns is not None and e.value.end_t_ns >= OFFSET_NS + PTS_MS[-1] * 1_000_000
+    assert e.value.start_t_ns == t_ns[-1] + 1
+    assert e.value.end_t_ns is not None and e.value.end_t_ns >= truth[-1]
 
 
 def test_truncated_stream_with_declared_duration_is_partial(tmp_path):
@@ -227,3 +229,195 @@ def test_duration_limit_midway_keeps_the_frames_within_it(vfr_clip, monkeypatch)
     assert pa.concat_tables(got).column("t_ns").to_pylist() == [OFFSET_NS + p * 1_000_000 for p in within]
     first_over = PTS_MS[len(within)]
     assert e.value.code == "duration_exceeded" and e.value.start_t_ns == OFFSET_NS + first_over * 1_000_000
+
+
+# ---- rotation, keyframes, resize, damage -------------------------------------------------
+
+def marker_clip(path: Path, frames: int = 3, size: tuple[int, int] = (64, 48)) -> Path:
+    """Grey frames with a white 16x16 marker in the top-left corner (as encoded)."""
+    import av
+
+    w, h = size
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("libx264", rate=10)
+        s.width, s.height, s.pix_fmt = w, h, "yuv420p"
+        for i in range(frames):
+            img = np.full((h, w, 3), 60, np.uint8)
+            img[:16, :16] = 255
+            f = av.VideoFrame.from_ndarray(img, format="rgb24")
+            f.pts = i
+            for pk in s.encode(f):
+                c.mux(pk)
+        for pk in s.encode(None):
+            c.mux(pk)
+    return path
+
+
+def set_display_matrix(path: Path, a: int, b: int, c: int, d: int) -> Path:
+    """Write the rotation part of the tkhd matrix (16.16 fixed point), as a phone does."""
+    import struct
+
+    data = bytearray(path.read_bytes())
+    at = data.find(b"tkhd")
+    assert data[at + 4] == 0  # version 0 box
+    matrix = at + 4 + 4 + 20 + 8 + 8  # fullbox header, times/ids/duration, reserved, layer..volume
+    fx = [v * 65536 & 0xFFFFFFFF for v in (a, b, 0, c, d, 0, 0, 0)] + [0x40000000]
+    data[matrix:matrix + 36] = struct.pack(">9I", *fx)
+    return Path(path).write_bytes(bytes(data)) and path
+
+
+def marker_corner(frame: np.ndarray) -> str:
+    """Which corner holds the white marker: tl, tr, bl or br."""
+    h, w = frame.shape[:2]
+    corners = {"tl": frame[:8, :8], "tr": frame[:8, w - 8:], "bl": frame[h - 8:, :8], "br": frame[h - 8:, w - 8:]}
+    return max(corners, key=lambda k: corners[k].mean())
+
+
+@pytest.mark.parametrize("matrix,corner,swapped", [
+    ((1, 0, 0, 1), "tl", False),     # identity
+    ((0, 1, -1, 0), "tr", True),     # 90 degrees clockwise (a phone held upright): FFmpeg rotation -90
+    ((-1, 0, 0, -1), "br", False),   # 180
+    ((0, -1, 1, 0), "bl", True),     # 270 clockwise
+])
+def test_display_matrix_rotates_frames_upright(tmp_path, matrix, corner, swapped):
+    path = set_display_matrix(marker_clip(tmp_path / "phone.mp4"), *matrix)
+    table = pa.concat_tables(VideoFramesOperator().read(ctx_for(path)))
+    frames = frames_to_numpy(table)
+    w, h = (48, 64) if swapped else (64, 48)
+    assert frames.shape == (3, h, w, 3)
+    assert set(table.column("width").to_pylist()) == {w} and set(table.column("height").to_pylist()) == {h}
+    assert all(marker_corner(f) == corner for f in frames)
+
+
+def test_legacy_rotate_tag_is_clockwise():
+    from operators.ingest.video import quarter_turns
+
+    class F:
+        rotation = 0
+
+    class S:
+        metadata = {"rotate": "90"}
+
+    assert quarter_turns(F(), S()) == 3  # np.rot90 k=3: a quarter turn clockwise
+    F.rotation = -90
+    assert quarter_turns(F(), type("S0", (), {"metadata": {}})()) == 3
+    F.rotation = 180
+    assert quarter_turns(F(), S()) == 2
+
+
+@pytest.fixture(scope="session")
+def gop_clip(tmp_path_factory) -> Path:
+    """40 frames at 10 fps (time base 1/10), a keyframe every 10 frames, no scene cuts."""
+    import av
+
+    path = tmp_path_factory.mktemp("gop") / "gop.mp4"
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("libx264", rate=10)
+        s.width, s.height, s.pix_fmt = W, H, "yuv420p"
+        s.codec_context.options = {"x264-params": "keyint=10:min-keyint=10:scenecut=0"}
+        for i in range(40):
+            f = av.VideoFrame.from_ndarray(np.full((H, W, 3), level(i), np.uint8), format="rgb24")
+            f.pts = i
+            for pk in s.encode(f):
+                c.mux(pk)
+        for pk in s.encode(None):
+            c.mux(pk)
+    return path
+
+
+def test_keyframes_only_decodes_just_the_keyframes(gop_clip):
+    table = pa.concat_tables(VideoFramesOperator(VideoFramesConfig(keyframes_only=True)).read(ctx_for(gop_clip, 0)))
+    assert table.column("t_ns").to_pylist() == [k * 100_000_000 for k in (0, 10, 20, 30)]
+    assert table.column("frame_index").to_pylist() == [0, 1, 2, 3]  # index among decoded (key) frames
+    means = frames_to_numpy(table).reshape(4, -1).mean(axis=1)
+    np.testing.assert_allclose(means, [level(k) for k in (0, 10, 20, 30)], atol=4)
+
+
+def test_keyframes_only_combines_with_sample_fps(gop_clip):
+    op = VideoFramesOperator(VideoFramesConfig(keyframes_only=True, sample_fps=0.5))  # one per 2 s
+    table = pa.concat_tables(op.read(ctx_for(gop_clip, 0)))
+    assert table.column("t_ns").to_pylist() == [0, 2_000_000_000]
+
+
+def test_max_side_downscales_on_decode_keeping_aspect(vfr_clip):
+    table = pa.concat_tables(VideoFramesOperator(VideoFramesConfig(max_side=80)).read(ctx_for(vfr_clip)))
+    frames = frames_to_numpy(table)
+    assert frames.shape == (len(PTS_MS), 60, 80, 3)
+    assert set(table.column("width").to_pylist()) == {80} and set(table.column("height").to_pylist()) == {60}
+    np.testing.assert_allclose(frames.reshape(len(PTS_MS), -1).mean(axis=1), [level(i) for i in range(len(PTS_MS))],
+                               atol=4)
+    same = pa.concat_tables(VideoFramesOperator(VideoFramesConfig(max_side=4000)).read(ctx_for(vfr_clip)))
+    assert frames_to_numpy(same).shape[1:3] == (H, W)  # never upscaled
+
+
+def test_max_side_applies_to_the_rotated_frame(tmp_path):
+    path = set_display_matrix(marker_clip(tmp_path / "phone.mp4", size=(128, 96)), 0, 1, -1, 0)
+    frames = frames_to_numpy(pa.concat_tables(VideoFramesOperator(VideoFramesConfig(max_side=64)).read(ctx_for(path))))
+    assert frames.shape[1:3] == (64, 48) and all(marker_corner(f) == "tr" for f in frames)
+
+
+def test_corrupt_middle_quarantines_only_the_lost_stretch(tmp_path):
+    """Random bytes over the middle of mdat: frames before and after are ingested (same
+    pixels as the intact file), one error spans the lost ones."""
+    from hostile_corpus import make_corrupt_middle_mp4, write_h264
+
+    good = write_h264(tmp_path / "good.mp4", frames=100, noise=False, seed=1)
+    bad = tmp_path / "bad.mp4"
+    make_corrupt_middle_mp4(bad)
+    ref = pa.concat_tables(VideoFramesOperator().read(ctx_for(good, 0)))
+    got = []
+    with pytest.raises(UnreadableInputError) as e:
+        for t in VideoFramesOperator().read(ctx_for(bad, 0)):
+            got.append(t)
+    table = pa.concat_tables(got)
+    t_ref, t_got = ref.column("t_ns").to_pylist(), table.column("t_ns").to_pylist()
+    lost = sorted(set(t_ref) - set(t_got))
+    assert set(t_got) <= set(t_ref) and 5 <= len(lost) <= 50 and t_got[-1] == t_ref[-1]
+    assert e.value.code == "corrupt_frames"
+    assert e.value.start_t_ns <= lost[0] and lost[-1] <= e.value.end_t_ns
+    # conservative by at most the decoder's delay (a few frames of 40 ms) on either side
+    assert lost[0] - e.value.start_t_ns <= 5 * 40_000_000 and e.value.end_t_ns - lost[-1] <= 5 * 40_000_000
+    ref_frames = dict(zip(t_ref, frames_to_numpy(ref)))
+    kept = [i for i, t in enumerate(t_got) if t < e.value.start_t_ns or t > e.value.end_t_ns]
+    got_frames = frames_to_numpy(table)
+    assert all(np.array_equal(got_frames[i], ref_frames[t_got[i]]) for i in kept)
+
+
+def test_the_audio_track_of_a_video_is_an_audio_source(tmp_path):
+    """One MP4 with H.264 + AAC: the video operator reads the frames, the audio operator the
+    MFCCs of the same file, on the same clock."""
+    import av
+
+    from operators.ingest.audio import AudioMfccOperator
+
+    path = tmp_path / "av.mp4"
+    sr = 16000
+    with av.open(str(path), "w") as c:
+        a = c.add_stream("aac", rate=sr, layout="mono")
+        v = c.add_stream("libx264", rate=25)
+        v.width, v.height, v.pix_fmt = 64, 48, "yuv420p"
+        for i in range(50):  # 2 s of video
+            f = av.VideoFrame.from_ndarray(np.full((48, 64, 3), level(i), np.uint8), format="rgb24")
+            f.pts = i
+            for pk in v.encode(f):
+                c.mux(pk)
+        for pk in v.encode(None):
+            c.mux(pk)
+        t = np.arange(2 * sr) / sr
+        x = np.where(t >= 1.0, 0.3 * np.sin(2 * np.pi * 300 * t), 0.0).astype(np.float32)  # sound from 1 s
+        for i in range(0, x.size, 1024):
+            af = av.AudioFrame.from_ndarray(x[None, i:i + 1024], format="fltp", layout="mono")
+            af.sample_rate, af.pts, af.time_base = sr, i, Fraction(1, sr)
+            for pk in a.encode(af):
+                c.mux(pk)
+        for pk in a.encode(None):
+            c.mux(pk)
+    video = pa.concat_tables(VideoFramesOperator().read(ctx_for(path, 0)))
+    spec = SourceSpec(id="mic", uri=path.name, modality="audio", clock=ClockMapping(offset_ns=0))
+    audio = pa.concat_tables(AudioMfccOperator().read(SourceContext("s1", spec, path, f"file://{path}", "v1")))
+    assert video.column("t_ns").to_pylist() == [i * 40_000_000 for i in range(50)]
+    t = audio.column("t_ns").to_numpy()
+    assert t[0] == 0 and 195 <= len(t) <= 205
+    voiced = audio.column("voiced").to_numpy(zero_copy_only=False)
+    onset = t[np.argmax(voiced)]
+    assert abs(onset - 1_000_000_000) <= 30_000_000 and voiced[t >= 1_100_000_000].all()
