@@ -86,25 +86,17 @@ class IngestWorker:
     def _build(self, name: str, tenant: str):
         cfg, pol = self.config, self.config.policy
         if name == "video":
-            from operators.ingest.video import VideoFramesConfig, VideoFramesOperator
+            from operators.ingest.video import VideoFramesOperator
 
-            v = cfg.ingest.video
-            return VideoFramesOperator(VideoFramesConfig(
-                sample_fps=v.sample_fps, max_pixels=v.max_pixels, max_duration_s=v.max_duration_s))
+            return VideoFramesOperator(cfg.ingest.video)
         if name == "audio":
-            from operators.ingest.audio import AudioMfccConfig, AudioMfccOperator
+            from operators.ingest.audio import AudioMfccOperator
 
-            a = cfg.ingest.audio
-            return AudioMfccOperator(AudioMfccConfig(
-                sample_rate_hz=a.sample_rate_hz, n_mfcc=a.n_mfcc, win_ms=a.win_ms, hop_ms=a.hop_ms,
-                max_duration_s=a.max_duration_s))
+            return AudioMfccOperator(cfg.ingest.audio)
         if name == "pdf":
-            from operators.ingest.pdf import PdfTextConfig, PdfTextOperator
+            from operators.ingest.pdf import PdfTextOperator
 
-            p = cfg.ingest.pdf
-            return PdfTextOperator(PdfTextConfig(
-                dpi=p.dpi, lang=p.lang, max_pages=p.max_pages, render_timeout_s=p.render_timeout_s,
-                ocr_timeout_s=p.ocr_timeout_s))
+            return PdfTextOperator(cfg.ingest.pdf)
         if name == "face":
             from operators.deid.faces import FaceBlurConfig, FaceBlurOperator
             from operators.deid.keystore import KeyStore

@@ -19,26 +19,49 @@ class _Strict(BaseModel):
 
 
 class VideoIngestConfig(_Strict):
+    """Video decode: sampling, output size and limits; ``sample_fps=None`` keeps every frame."""
+
     sample_fps: float | None = Field(None, gt=0, description="None: every decoded frame")
-    max_pixels: int = Field(3840 * 2160, gt=0, description="frames larger than this are rejected")
+    keyframes_only: bool = Field(False, description="decode keyframes only (fast scene sampling)")
+    max_side: int | None = Field(None, gt=0, description="downscale so the longer side is at most this (px)")
+    max_pixels: int = Field(3840 * 2160, gt=0, description="decoded frames larger than this are rejected")
     max_duration_s: float = Field(4 * 3600, gt=0)
+    batch_frames: int = Field(32, gt=0, description="frames per table, at most")
+    batch_bytes: int = Field(16 * 2**20, gt=0, description="pixel bytes per table, at most (one frame minimum)")
     jpeg_quality: int = Field(90, ge=10, le=100, description="quality of stored de-identified frames")
 
 
 class AudioIngestConfig(_Strict):
+    """Audio decode and MFCC (the field's 16 kHz / 40 coefficients / 25 ms / 10 ms) and limits."""
+
     sample_rate_hz: int = Field(16_000, gt=0)
     n_mfcc: int = Field(40, gt=0)
+    n_mels: int = Field(64, gt=0)
     win_ms: float = Field(25.0, gt=0)
     hop_ms: float = Field(10.0, gt=0)
     max_duration_s: float = Field(4 * 3600, gt=0)
+    chunk_s: float = Field(10.0, gt=0, description="seconds of audio decoded per MFCC batch")
+    vad: bool = Field(True, description="compute the per-frame voice-activity flag `voiced`")
+    vad_threshold_db: float = Field(10.0, gt=0, description="active: this far above the noise floor")
+    vad_floor_s: float = Field(3.0, gt=0, description="noise floor: quietest frame of this window")
+    vad_hangover_ms: float = Field(200.0, ge=0, description="voiced for this long after the last active frame")
+    vad_min_dbfs: float = Field(-55.0, description="frames quieter than this are never active")
 
 
 class PdfIngestConfig(_Strict):
-    dpi: int = Field(200, ge=50, le=600)
+    """PDF extraction settings and per-document / per-page limits (timeouts in seconds)."""
+
+    dpi: int = Field(200, ge=50, le=1200, description="render resolution; also the pixel scale of every box")
     lang: str = "eng"
     max_pages: int = Field(500, gt=0)
-    render_timeout_s: float = Field(60.0, gt=0)
-    ocr_timeout_s: float = Field(120.0, gt=0)
+    render_timeout_s: float = Field(60, gt=0, description="per poppler call (info, render, text layer)")
+    ocr_timeout_s: float = Field(120, gt=0, description="per tesseract call (one page)")
+    max_page_pixels: int = Field(10000 * 10000, gt=0, description="page area at dpi, checked before extraction")
+    max_image_pixels: int = Field(12000 * 12000, gt=0, description="declared size of any embedded image")
+    text_layer: bool = Field(True, description="use a page's text layer when it has one; OCR the others")
+    text_layer_min_chars: int = Field(16, ge=1, description="non-space characters for a page to count as text")
+    ocr_workers: int = Field(2, ge=1, description="pages rendered/OCRed concurrently (and the in-flight bound)")
+    subprocess_memory_mb: int = Field(2048, ge=64, description="address-space ceiling of each poppler/tesseract")
 
 
 class IngestConfig(_Strict):

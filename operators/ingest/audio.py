@@ -33,33 +33,19 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pydantic import Field
 
 from operators.align.clock import NS_PER_S, samples_to_ns
-from operators.base import OperatorConfig
 from operators.ingest._av import check_truncated, declared_span_ns, open_container, partial_error, wav_declared_ns
 from operators.ingest.base import SourceContext, SourceOperator, event_id
 from operators.ingest.vad import EnergyVad, frame_energy_db
 from pipeline.errors import LimitExceededError, UnreadableInputError, UnsupportedInputError
+from schemas.config import AudioIngestConfig
 
 GAP_TOLERANCE_NS = 5_000_000  # PTS jumps above this are filled with silence
 
 
-class AudioMfccConfig(OperatorConfig):
-    """MFCC parameters (defaults: the field's 16 kHz / 40 coefficients / 25 ms / 10 ms) and limits."""
-
-    sample_rate_hz: int = 16000
-    n_mfcc: int = 40
-    n_mels: int = 64
-    win_ms: float = 25.0
-    hop_ms: float = 10.0
-    max_duration_s: float = 4 * 3600
-    chunk_s: float = 10.0
-    vad: bool = Field(True, description="compute the per-frame voice-activity flag `voiced`")
-    vad_threshold_db: float = Field(10.0, gt=0, description="active: this far above the noise floor")
-    vad_floor_s: float = Field(3.0, gt=0, description="noise floor: quietest frame of this window")
-    vad_hangover_ms: float = Field(200.0, ge=0, description="voiced for this long after the last active frame")
-    vad_min_dbfs: float = Field(-55.0, description="frames quieter than this are never active")
+# The operator's config is the run config's section: one declaration of every field.
+AudioMfccConfig = AudioIngestConfig
 
 
 def audio_mfcc_schema(n_mfcc: int = 40) -> pa.Schema:

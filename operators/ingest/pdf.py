@@ -55,12 +55,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-from pydantic import Field
 
-from operators.base import OperatorConfig
 from operators.ingest.base import SourceContext, SourceOperator, event_id
 from pipeline.errors import (DependencyMissingError, InputError, InputTimeoutError, LimitExceededError,
                              UnreadableInputError)
+from schemas.config import PdfIngestConfig
 from schemas.tables import LineageColumns, TextBlockRow
 
 MAX_BLOCKS_PER_PAGE = 1000  # event index = page * 1000 + block
@@ -74,20 +73,8 @@ _OOM_MARKERS = (b"out of memory", b"bad_alloc", b"cannot allocate memory", b"fai
 POPPLER_TOOLS = ("pdfinfo", "pdftoppm", "pdftotext", "pdfimages")
 
 
-class PdfTextConfig(OperatorConfig):
-    """Extraction settings and per-document / per-page limits (timeouts in seconds)."""
-
-    dpi: int = Field(200, ge=50, le=1200, description="render resolution; also the pixel scale of every box")
-    lang: str = "eng"
-    max_pages: int = Field(500, gt=0)
-    render_timeout_s: float = Field(60, gt=0, description="per poppler call (info, render, text layer)")
-    ocr_timeout_s: float = Field(120, gt=0, description="per tesseract call (one page)")
-    max_page_pixels: int = Field(10000 * 10000, gt=0, description="page area at dpi, checked before extraction")
-    max_image_pixels: int = Field(12000 * 12000, gt=0, description="declared size of any embedded image")
-    text_layer: bool = Field(True, description="use a page's text layer when it has one; OCR the others")
-    text_layer_min_chars: int = Field(16, ge=1, description="non-space characters for a page to count as text")
-    ocr_workers: int = Field(2, ge=1, description="pages rendered/OCRed concurrently (and the in-flight bound)")
-    subprocess_memory_mb: int = Field(2048, ge=64, description="address-space ceiling of each poppler/tesseract")
+# The operator's config is the run config's section: one declaration of every field.
+PdfTextConfig = PdfIngestConfig
 
 
 def pdf_text_schema() -> pa.Schema:

@@ -32,14 +32,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-from pydantic import Field
 
 from operators.align.clock import NS_PER_S, pts_to_ns
-from operators.base import OperatorConfig
 from operators.ingest._av import (TRUNCATION_TOLERANCE_NS, check_truncated, declared_span_ns,  # noqa: F401
                                   open_container, partial_error)  # re-exported: the shared helpers' old home
 from operators.ingest.base import SourceContext, SourceOperator, event_id
 from pipeline.errors import LimitExceededError, UnreadableInputError, UnsupportedInputError
+from schemas.config import VideoIngestConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     import av
@@ -49,16 +48,8 @@ FRAME_DIMS = ["height", "width", "channel"]
 MAX_CONSECUTIVE_ERRORS = 500
 
 
-class VideoFramesConfig(OperatorConfig):
-    """Sampling, output size and limits; ``sample_fps=None`` keeps every decoded frame."""
-
-    sample_fps: float | None = Field(None, gt=0)
-    keyframes_only: bool = Field(False, description="decode keyframes only (fast scene sampling)")
-    max_side: int | None = Field(None, gt=0, description="downscale so the longer side is at most this (px)")
-    max_pixels: int = Field(3840 * 2160, gt=0, description="decoded frames larger than this are rejected")
-    max_duration_s: float = Field(4 * 3600, gt=0)
-    batch_frames: int = Field(32, gt=0, description="frames per table, at most")
-    batch_bytes: int = Field(16 * 2**20, gt=0, description="pixel bytes per table, at most (one frame minimum)")
+# The operator's config is the run config's section: one declaration of every field.
+VideoFramesConfig = VideoIngestConfig
 
 
 def frame_type(height: int = 0, width: int = 0) -> pa.DataType:
