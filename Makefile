@@ -27,7 +27,7 @@ system-deps:
 $(STAMP): pyproject.toml requirements/no-deps.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,eval]'
 	$(BIN)/pip install -q --no-deps -r requirements/no-deps.txt
 	@rm -f $(VENV)/.installed-* && touch $@
 

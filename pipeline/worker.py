@@ -90,9 +90,12 @@ class IngestWorker:
 
             return VideoFramesOperator(cfg.ingest.video)
         if name == "audio":
+            from operators.deid.voice import voice_transform
             from operators.ingest.audio import AudioMfccOperator
 
-            return AudioMfccOperator(cfg.ingest.audio)
+            # Voice anonymisation happens on the waveform, before MFCC, in this process.
+            return AudioMfccOperator(cfg.ingest.audio,
+                                     waveform_transform=voice_transform(pol.voice, cfg.ingest.audio.sample_rate_hz))
         if name == "pdf":
             from operators.ingest.pdf import PdfTextOperator
 
@@ -112,7 +115,8 @@ class IngestWorker:
         if name == "voice":
             from operators.deid.voice import VoicePolicyConfig, VoicePolicyOperator
 
-            return VoicePolicyOperator(VoicePolicyConfig(voice=pol.voice, policy_tag=pol.tag))
+            return VoicePolicyOperator(VoicePolicyConfig(voice=pol.voice, policy_tag=pol.tag,
+                                                         sample_rate_hz=cfg.ingest.audio.sample_rate_hz))
         raise KeyError(name)
 
     # -- one source -----------------------------------------------------------------------
@@ -139,6 +143,11 @@ class IngestWorker:
         part = 0
         try:
             for raw in ops[0].read(ctx):
+                transform = getattr(ops[0], "waveform_transform", None)
+                if transform is not None:  # tells the voice policy the MFCCs are of anonymised speech
+                    from operators.deid.voice import mark_transformed
+
+                    raw = mark_transformed(raw, transform)
                 clean = ops[1].process(raw)
                 del raw  # the raw batch ends here, in this process
                 if clean.num_rows == 0:

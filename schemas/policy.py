@@ -1,18 +1,41 @@
 """De-identification policy: what is removed from each modality, and how.
 
-The policy id and version are stamped on every record and lineage row, so a compliance
-team can tell which rules produced any output. Unknown actions or entity types are
-validation errors (``extra="forbid"`` and literal types).
+The policy id and version are stamped on every record and lineage row (``DeidPolicy.tag``,
+``<policy_id>@<version>``), so a compliance team can tell which rules produced any output.
+Bump ``version`` whenever a rule changes. Unknown modalities, actions, entity types or keys
+are validation errors (``extra="forbid"`` and literal types), never silently ignored.
+
+Actions per modality:
+
+- face: ``blur_permute`` (Gaussian blur, then a keyed pixel permutation inside the padded
+  box), ``mask`` (the box is filled with its mean colour: nothing of the face is left),
+  ``keep`` (no change; only for consented footage).
+- voice: ``keep_mfcc`` (waveform dropped, MFCCs of the original voice kept), ``anonymise``
+  (McAdams pole-angle warping of the waveform before the MFCCs, see
+  ``operators.deid.voice``), ``drop`` (no voice-derived data kept).
+- text, per entity type: ``pseudonymise`` (``<PERSON_3f9a1c2b>``: keyed, consistent within
+  a tenant), ``hash`` (the full 64-hex keyed HMAC-SHA256: a collision-free join key; never
+  an unkeyed hash, which a dictionary of phone numbers or birth dates would reverse),
+  ``mask`` (``<PERSON>``), ``drop`` (removed), ``keep`` (counted, not replaced).
+  ``TextPolicy.action`` applies to every detected entity type not listed in
+  ``TextPolicy.actions``.
+
+``legal_basis`` fields are free-text notes (e.g. "GDPR Art. 6(1)(f) legitimate interest;
+DPIA-2026-04") recorded with the policy; they change no behaviour.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 TextEntity = Literal["person", "email", "phone", "iban", "card", "ip", "address", "date_of_birth", "national_id"]
-TextAction = Literal["pseudonymise", "mask", "drop", "keep"]
+TextAction = Literal["pseudonymise", "hash", "mask", "drop", "keep"]
+FaceAction = Literal["blur_permute", "mask", "keep"]
+VoiceAction = Literal["keep_mfcc", "anonymise", "drop"]
+
+ALL_TEXT_ENTITIES: tuple[str, ...] = TextEntity.__args__  # type: ignore[attr-defined]
 
 
 class _Strict(BaseModel):
@@ -20,28 +43,85 @@ class _Strict(BaseModel):
 
 
 class FacePolicy(_Strict):
-    action: Literal["blur_permute", "keep"] = "blur_permute"
+    action: FaceAction = "blur_permute"
     min_score: float = Field(0.5, ge=0.0, le=1.0, description="detector confidence threshold")
     pad_ratio: float = Field(0.25, ge=0.0, le=2.0, description="box padding, fraction of box size on each side")
     blur_sigma_ratio: float = Field(0.15, gt=0.0, description="Gaussian sigma as a fraction of the box's larger side")
     temporal_window: int = Field(2, ge=0, description="a face box also covers this many frames before and after")
+    tiles: int = Field(
+        2, ge=1, le=4,
+        description="also detect on an n x n grid of overlapping tiles (faces down to ~50 px in 720p); 1: whole frame only",
+    )
+    tile_every: Literal[1, 2] = Field(
+        2, description="2: the tiled pass runs on every other frame of a dense stream (the window covers the rest)"
+    )
+    legal_basis: str = Field("", description="free-text note recorded with the policy")
+
+    @model_validator(mode="after")
+    def _window_covers_skipped_tiles(self) -> "FacePolicy":
+        if self.tiles > 1 and self.tile_every == 2 and self.temporal_window < 1:
+            raise ValueError("face.tile_every=2 needs face.temporal_window >= 1 (or tile_every=1, or tiles=1)")
+        return self
 
 
 class VoicePolicy(_Strict):
-    action: Literal["keep_mfcc", "drop"] = "keep_mfcc"
+    action: VoiceAction = "keep_mfcc"
+    mcadams_alpha: float = Field(
+        0.8, gt=0.5, lt=1.5,
+        description="anonymise: McAdams coefficient; LPC pole angles phi become phi**alpha (1.0 = no change)",
+    )
+    legal_basis: str = Field("", description="free-text note recorded with the policy")
+
+    @model_validator(mode="after")
+    def _alpha_changes_voice(self) -> "VoicePolicy":
+        if self.action == "anonymise" and abs(self.mcadams_alpha - 1.0) < 0.05:
+            raise ValueError("voice.mcadams_alpha within 0.05 of 1.0 does not anonymise; use e.g. 0.8")
+        return self
 
 
 class TextPolicy(_Strict):
-    action: TextAction = "pseudonymise"
-    entities: tuple[TextEntity, ...] = ("person", "email", "phone", "iban", "card", "ip")
-    min_score: float = Field(0.5, ge=0.0, le=1.0)
+    action: TextAction = Field("pseudonymise", description="default action for detected entities not in `actions`")
+    entities: tuple[TextEntity, ...] = Field(
+        ALL_TEXT_ENTITIES, description="entity types looked for; others are left as they are"
+    )
+    min_score: float = Field(0.5, ge=0.0, le=1.0, description="default detector score threshold")
+    actions: dict[TextEntity, TextAction] = Field(
+        default_factory=dict, description="per-entity action, e.g. {person: pseudonymise, ip: mask}"
+    )
+    min_scores: dict[TextEntity, float] = Field(
+        default_factory=dict, description="per-entity score threshold, overriding min_score"
+    )
+    legal_basis: str = Field("", description="free-text note recorded with the policy")
+
+    @model_validator(mode="after")
+    def _listed_entities_are_detected(self) -> "TextPolicy":
+        for name, mapping in (("actions", self.actions), ("min_scores", self.min_scores)):
+            extra = sorted(set(mapping) - set(self.entities))
+            if extra:
+                raise ValueError(
+                    f"text.{name} names entity type(s) {', '.join(extra)} that text.entities does not detect; "
+                    "add them to text.entities or remove them"
+                )
+        for kind, score in self.min_scores.items():
+            if not 0.0 <= score <= 1.0:
+                raise ValueError(f"text.min_scores[{kind}] must be within [0, 1]")
+        return self
+
+    def action_for(self, kind: str) -> str:
+        """The action applied to an entity of ``kind``."""
+        return self.actions.get(kind, self.action)  # type: ignore[call-overload]
+
+    def threshold_for(self, kind: str) -> float:
+        """The minimum detector score for an entity of ``kind``."""
+        return self.min_scores.get(kind, self.min_score)  # type: ignore[call-overload]
 
 
 class DeidPolicy(_Strict):
     """Versioned de-identification policy for all modalities."""
 
-    policy_id: str = "modalign-default"
-    version: str = "1"
+    policy_id: str = Field("modalign-default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+    version: str = Field("2", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+    legal_basis: str = Field("", description="free-text note recorded with the policy")
     face: FacePolicy = FacePolicy()
     voice: VoicePolicy = VoicePolicy()
     text: TextPolicy = TextPolicy()
@@ -49,3 +129,6 @@ class DeidPolicy(_Strict):
     @property
     def tag(self) -> str:
         return f"{self.policy_id}@{self.version}"
+
+
+DEFAULT_POLICY_TAG = DeidPolicy().tag

@@ -7,17 +7,53 @@ process un-replaced: this operator rewrites each block's ``text`` and ``words``.
 Detection (``find_pii``) combines spaCy ``en_core_web_sm`` NER (PERSON) with rule-based
 recognisers written for this module: e-mail, phone (international, US, UK/EU trunk),
 IBAN (ISO 13616 mod-97 and country length), payment card (Luhn and issuer prefix),
-IPv4/IPv6, a given-name + surname rule and honorifics (the small NER model misses many
-names). It is robust to OCR artefacts: spaces around ``@`` and dots of e-mails
-(``julia.fischer @example. com``), a split initial (``J ulia Fischer``), entities broken
-across a line. A name found anywhere in a batch is also searched for in every block.
+IPv4/IPv6, postal addresses, dates of birth and national ids, and for names (the small NER
+model misses many) a given-name + surname rule, honorifics, ``First M. Last``, and
+context rules: a capitalised pair right after a word that introduces a person ("Contact",
+"Account holder:", "reviewed by") or right before a verb people do ("... approved").
+The context rules (score 0.65) also hit organisations in the same position ("Meeting
+with Deutsche Bahn", "Apple Music reported"), except pairs holding a common
+organisation/document word ("Operations Team"), after "the", or before a company suffix;
+set ``min_scores.person`` to 0.7 to switch them off. It is robust to OCR artefacts:
+spaces around ``@`` and dots of e-mails (``julia.fischer @example. com``, ``peter.
+hartmann@``, ``lorenzo _kowalski@``), a split initial (``J ulia Fischer``), entities
+broken across a line, stray dots between card/IBAN digit groups, ``O`` for ``0`` in IBANs
+(the checksums keep these precise), ``ß`` read as ``B`` in street names. A name found anywhere in a batch is
+also searched for in every block.
 
-Replacement per ``TextPolicy.action``: ``pseudonymise`` -> ``<PERSON_3f9a1c2b>``, the first
-8 hex digits of HMAC-SHA256(tenant key, kind + normalised value): the same entity gives
-the same token within a tenant, across documents; normalisation drops whitespace and
-case, so ``J ulia Fischer`` and ``Julia Fischer`` share a token. Keys come from
-``operators.deid.keystore`` (deleting the key unlinks all tokens). ``mask`` -> ``<PERSON>``,
-``drop`` -> ``""``, ``keep`` -> unchanged (detections are still counted).
+Precision trade-offs of the rules added for addresses, birth dates and national ids
+(measured by ``pipeline.deid_eval``):
+
+- ``address``: a house number + 1-3 capitalised words + a street type (``221B Baker
+  Street``, ``1600 Pennsylvania Avenue NW``, ``Flat 3, 12 High St``), German street names
+  (``Hauptstraße 5``, ``Am Alten Weg 3``), ``City, ST 12345`` (US state + ZIP), UK
+  postcodes (``NW1 6XE``, with the post town before it) and ``10115 Berlin`` (5 digits +
+  a capitalised word that is not a unit such as Euro). A street line followed within
+  48 characters by a postcode becomes one span. Missed: addresses without a street type
+  or postcode ("Baker Street" alone, PO boxes, most non-EN/DE formats). False hits: a
+  number before a capitalised phrase ending in a street-type word ("4 Project Way"), a
+  5-digit count before a capitalised noun ("12000 Besucher" is excluded, rarer nouns are
+  not). Score 0.6, the lowest: raise ``min_scores.address`` above it to switch it off.
+- ``date_of_birth``: only a date (numeric, ISO, or with an English/German month name)
+  whose preceding 40 characters (one line break at most) hold a cue: born, DOB, D.O.B.,
+  date of birth, birth date, birthday, geb./geboren/Geburtsdatum. A birth date without a
+  cue (a bare column of dates) is missed; other dates near a cue ("born in 1980, joined
+  on 3 May 2015") are hit.
+- ``national_id``: US SSN ``AAA-GG-SSSS`` / ``AAA GG SSSS`` (same separator twice; area
+  000, 666 and 900-999, group 00 and serial 0000 never issued, nor the advertised
+  078-05-1120 and 219-09-9999), nine bare digits only right after "SSN"/"social
+  security"; UK National Insurance numbers (two prefix letters by HMRC's rules, six
+  digits, suffix A-D). Any other 3-2-4 digit group is a false hit (order numbers in that
+  shape are rare); other countries' ids are not recognised.
+
+Replacement per entity kind (``TextPolicy.action_for``: ``actions[kind]``, else
+``action``): ``pseudonymise`` -> ``<PERSON_3f9a1c2b>``, the first 8 hex digits of
+HMAC-SHA256(tenant key, kind + normalised value): the same entity gives the same token
+within a tenant, across documents; normalisation drops whitespace and case, so ``J ulia
+Fischer`` and ``Julia Fischer`` share a token. ``hash`` -> all 64 hex digits of that HMAC
+(a join key without collisions). Keys come from ``operators.deid.keystore`` (deleting the
+key unlinks all tokens and hashes). ``mask`` -> ``<PERSON>``, ``drop`` -> ``""``, ``keep``
+-> unchanged (detections are still counted). Score thresholds: ``threshold_for(kind)``.
 
 Nothing here logs text, and errors never carry it: messages name the event only.
 """
@@ -31,7 +67,7 @@ import re
 import unicodedata
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Iterable, Mapping, NamedTuple
 
 import pyarrow as pa
 from pydantic import Field
@@ -40,7 +76,7 @@ from operators.base import OperatorConfig, TableOperator
 from operators.deid.keystore import KeyStore
 from pipeline.errors import ComplianceError, DependencyMissingError, InputError, ModalignError
 from schemas.arrow import arrow_type
-from schemas.policy import TextPolicy
+from schemas.policy import DEFAULT_POLICY_TAG, TextPolicy
 from schemas.tables import DeidHeader
 
 TEXT = "text"
@@ -52,17 +88,23 @@ PII_COUNTS_TYPE = pa.map_(pa.string(), pa.int64())
 RULES_VERSION = "regex@1"
 TOKEN_HEX = 8
 
-KINDS = ("person", "email", "phone", "iban", "card", "ip")
+KINDS = ("person", "email", "phone", "iban", "card", "ip", "address", "date_of_birth", "national_id")
 # On overlap the more specific (checksummed) recogniser wins.
-_PRIORITY = {"iban": 0, "card": 1, "email": 2, "ip": 3, "phone": 4, "person": 5}
+_PRIORITY = {"iban": 0, "card": 1, "email": 2, "national_id": 3, "ip": 4, "phone": 5, "date_of_birth": 6,
+             "address": 7, "person": 8}
 SCORES = {
     "iban": 0.99,  # mod-97 checksum + country length
     "card": 0.95,  # Luhn + issuer prefix
     "email": 0.95,
     "ip": 0.85,
     "phone": 0.7,
+    "national_id": 0.9,  # SSN validity rules / NI prefix rules
+    "date_of_birth": 0.8,  # a date with a birth cue before it
+    "address": 0.6,  # street-type and postcode patterns: the least precise rule
     "person_ner": 0.85,
     "person_honorific": 0.8,
+    "person_initial": 0.75,
+    "person_context": 0.65,
     "person_gazetteer": 0.75,
     "person_propagated": 0.7,
 }
@@ -80,9 +122,10 @@ class PiiSpan(NamedTuple):
 # --------------------------------------------------------------------------------------
 # Rule-based recognisers (operate on the original text; offsets are the text's)
 # --------------------------------------------------------------------------------------
+_LOCAL_SPLIT = re.compile(r"(?<![\w.@-])[a-z0-9][a-z0-9._%+-]*(?:\.[ ]|[ ](?=_))")
 _EMAIL = re.compile(
     r"(?<![\w.%+@-])"
-    r"(?P<local>[A-Za-z0-9](?:[A-Za-z0-9._%+-]*[A-Za-z0-9_%+-])?)"
+    r"(?P<local>[A-Za-z0-9_](?:[A-Za-z0-9._%+-]*[A-Za-z0-9_%+-])?)"
     r"[ \t]?@[ \t\n]?"
     r"(?P<domain>[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
     r"(?:[ \t]?\.[ \t\n]?[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)+)"
@@ -110,7 +153,13 @@ def _find_emails(text: str) -> Iterable[PiiSpan]:
             if label.isalpha() and len(label) >= 2:
                 best = end
         if best is not None:
-            yield PiiSpan(m.start(), best, "email", SCORES["email"])
+            start = m.start()
+            # OCR split inside the local part: "peter. hartmann@", "lorenzo _kowalski65@"
+            for split in _LOCAL_SPLIT.finditer(text, max(0, start - 40), start + 1):
+                if split.end() == start:
+                    start = split.start()
+                    break
+            yield PiiSpan(start, best, "email", SCORES["email"])
 
 
 _PHONE = re.compile(
@@ -140,7 +189,9 @@ def _find_phones(text: str) -> Iterable[PiiSpan]:
             yield PiiSpan(m.start(), m.end(), "phone", SCORES["phone"])
 
 
-_IBAN = re.compile(r"(?<![A-Za-z0-9])[A-Z]{2}\d{2}(?:[ \t\n]?[A-Z0-9]){10,32}")
+# OCR may read a check digit 0 as O and insert a stray dot between groups: both tolerated,
+# the mod-97 check keeps precision.
+_IBAN = re.compile(r"(?<![A-Za-z0-9])[A-Z]{2}[\dO]{2}(?:(?:[ \t\n]|\.[ ]?)?[A-Z0-9]){10,32}")
 _IBAN_LENGTHS = {
     "AD": 24, "AE": 23, "AL": 28, "AT": 20, "AZ": 28, "BA": 20, "BE": 16, "BG": 22, "BH": 22, "BR": 29,
     "CH": 21, "CR": 22, "CY": 28, "CZ": 24, "DE": 22, "DK": 18, "DO": 28, "EE": 20, "ES": 24, "FI": 18,
@@ -167,16 +218,19 @@ def iban_valid(iban: str) -> bool:
 def _find_ibans(text: str) -> Iterable[PiiSpan]:
     for m in _IBAN.finditer(text):
         pos = [m.start() + i for i, c in enumerate(m.group(0)) if c.isalnum()]
-        compact = "".join(text[p] for p in pos)
-        want = _IBAN_LENGTHS.get(compact[:2])
-        lengths = [want] if want else range(min(34, len(compact)), 14, -1)
-        for n in lengths:
-            if n <= len(compact) and iban_valid(compact[:n]):
-                yield PiiSpan(m.start(), pos[n - 1] + 1, "iban", SCORES["iban"])
-                break
+        raw = "".join(text[p] for p in pos)
+        want = _IBAN_LENGTHS.get(raw[:2])
+        lengths = [want] if want else range(min(34, len(raw)), 14, -1)
+        # as read; then with OCR's O for 0 undone in the check digits; then everywhere after them
+        variants = (raw, raw[:2] + raw[2:4].replace("O", "0") + raw[4:],
+                    raw[:2] + raw[2:4].replace("O", "0") + raw[4:].replace("O", "0"))
+        hit = next((n for compact in dict.fromkeys(variants) for n in lengths
+                    if n <= len(compact) and iban_valid(compact[:n])), None)
+        if hit is not None:
+            yield PiiSpan(m.start(), pos[hit - 1] + 1, "iban", SCORES["iban"])
 
 
-_CARD = re.compile(r"(?<![\w.,])(?:\d[ -]?){12,18}\d(?![\w]|[.,]\d)")
+_CARD = re.compile(r"(?<![\w.,])(?:\d(?:[ -]|\.[ ]?)?){12,18}\d(?![\w]|[.,]\d)")  # OCR: stray dots tolerated
 
 
 def luhn_valid(number: str) -> bool:
@@ -242,6 +296,147 @@ def _find_ips(text: str) -> Iterable[PiiSpan]:
 
 
 # --------------------------------------------------------------------------------------
+# Postal addresses, dates of birth, national identifiers
+# --------------------------------------------------------------------------------------
+_STREET_TYPES = (
+    r"Street|St|Road|Rd|Avenue|Ave|Lane|Ln|Drive|Dr|Boulevard|Blvd|Court|Ct|Place|Pl|Way|Terrace|Close|"
+    r"Crescent|Square|Sq|Parkway|Pkwy|Highway|Hwy|Gardens|Grove|Row|Mews|Hill|Circle|Cir|Trail|Walk|Parade"
+)
+_CAP = r"[A-Z][A-Za-zÀ-ÖØ-öø-ÿ'’.-]*"
+# "221B Baker Street", "1600 Pennsylvania Avenue NW", "12-14 High St."; optional unit after a comma
+_STREET_EN = re.compile(
+    rf"(?<![\w,.])\d{{1,5}}[A-Za-z]?(?:[-–]\d{{1,5}}[A-Za-z]?)?,?[ ]+(?:{_CAP}[ ]+){{1,3}}"
+    rf"(?:{_STREET_TYPES})\b\.?(?:[ ]+(?:NW|NE|SW|SE|N|S|E|W)\b)?"
+    rf"(?:,?[ ]+(?:Apt|Apartment|Suite|Ste|Unit|Flat|Floor|Fl)\.?[ ]*#?[ ]*\w{{1,5}})?"
+)
+# "Flat 3, 12 Baker Street" style unit before the number
+_UNIT_PREFIX = re.compile(r"(?:Flat|Apt|Apartment|Unit|Suite)\.?[ ]*\w{1,5},?[ ]+$")
+# German: "Hauptstraße 5", "Unter den Linden 77", "Karl-Marx-Allee 12a"
+_DE_TYPES = "stra(?:ß|ss|B)e|str\\.|weg|allee|platz|gasse|ring|damm|ufer|chaussee|steig|pfad"
+_STREET_DE = re.compile(
+    r"(?<![\w])(?:[A-ZÄÖÜ][a-zäöüß]+(?:-[A-ZÄÖÜ][a-zäöüß]+)*"
+    rf"(?:(?:{_DE_TYPES})|[- ](?:Stra(?:ß|ss|B)e|Str\.|Weg|Allee|Platz|Gasse|Ring|Damm|Ufer|Chaussee))"
+    r"|(?:[A-ZÄÖÜ][a-zäöüß]+[ ]){2}(?:Stra(?:ß|ss|B)e|Str\.|Weg|Allee|Platz|Gasse|Ring|Damm|Ufer))"
+    r"[ ]+\d{1,4}[a-z]?(?:[-–]\d{1,4}[a-z]?)?(?![\w])"
+)
+_US_STATES = (
+    "AL AK AZ AR CA CO CT DE DC FL GA HI ID IL IN IA KS KY LA ME MD MA MI MN MS MO MT NE NV NH NJ NM NY NC ND OH "
+    "OK OR PA RI SC SD TN TX UT VT VA WA WV WI WY PR"
+).split()
+# "Springfield, IL 62704", "New York, NY 10001-1234"
+_US_CITY_ZIP = re.compile(
+    rf"(?<![\w])(?:{_CAP}[ ]){{0,2}}{_CAP},[ ]*(?:{'|'.join(_US_STATES)})[ ]+\d{{5}}(?:-\d{{4}})?(?![\w-])"
+)
+# UK postcode (outward + inward code), optionally preceded by the post town: "London NW1 6XE"
+_UK_POSTCODE = re.compile(
+    r"(?<![\w])(?:[A-PR-UWYZ][A-HK-Y]?\d[A-Z\d]?)[ ]?\d[ABD-HJLNP-UW-Z]{2}(?![\w])"
+)
+_UK_TOWN = re.compile(rf"(?:{_CAP}[ ]){{1,2}}$")
+# German PLZ + city: "10115 Berlin", "80331 München"; not "10000 Euro"
+_DE_PLZ_CITY = re.compile(r"(?<![\w.,-])(?:D-)?\d{5}[ ]+[A-ZÄÖÜ][a-zäöüß]+(?:[ -][A-ZÄÖÜ][a-zäöüß]+)?(?![\w])")
+_NOT_CITY = frozenset(
+    "euro euros eur usd dollar dollars pfund stück units users items people pages words files rows records "
+    "employees customers points votes tickets downloads views members visitors kunden mitarbeiter".split()
+)
+_ADDRESS_JOIN = re.compile(rf"^[ ,]*(?:\n[ ]*)?(?:{_CAP}[ ,]*){{0,3}}$")
+
+
+def _find_addresses(text: str) -> Iterable[PiiSpan]:
+    """Street lines (EN/DE), US city+state+ZIP, UK postcodes, DE postcode+city; adjacent parts joined."""
+    parts: list[tuple[int, int, str]] = []
+    for m in _STREET_EN.finditer(text):
+        start = m.start()
+        unit = _UNIT_PREFIX.search(text[max(0, start - 24):start])
+        if unit:
+            start = start - (len(text[max(0, start - 24):start]) - unit.start())
+        parts.append((start, m.end(), "street"))
+    for m in _STREET_DE.finditer(text):
+        parts.append((m.start(), m.end(), "street"))
+    for m in _US_CITY_ZIP.finditer(text):
+        parts.append((m.start(), m.end(), "zip"))
+    for m in _UK_POSTCODE.finditer(text):
+        compact = m.group(0).replace(" ", "")
+        if not any(c.isdigit() for c in compact[:-3]) or len(compact) < 5:
+            continue
+        start = m.start()
+        town = _UK_TOWN.search(text[max(0, start - 40):start])
+        if town:  # "London NW1 6XE": the post town belongs to the postcode
+            start = start - (len(text[max(0, start - 40):start]) - town.start())
+        parts.append((start, m.end(), "zip"))
+    for m in _DE_PLZ_CITY.finditer(text):
+        city = m.group(0).split()[-1]
+        if city.casefold() not in _NOT_CITY and not city.isupper():
+            parts.append((m.start(), m.end(), "zip"))
+    parts.sort()
+    joined: list[list[int]] = []
+    for s, e, kind in parts:
+        if joined and s <= joined[-1][1]:
+            joined[-1][1] = max(joined[-1][1], e)
+        elif joined and kind == "zip" and s - joined[-1][1] <= 48 and _ADDRESS_JOIN.match(text[joined[-1][1]:s]):
+            joined[-1][1] = e  # "221B Baker Street, London NW1 6XE": one address
+        else:
+            joined.append([s, e])
+    for s, e in joined:
+        yield PiiSpan(s, e, "address", SCORES["address"])
+
+
+_MONTHS = (
+    r"Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?|Sep(?:t(?:ember)?)?|"
+    r"Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?|Januar|Februar|März|Mai|Juni|Juli|Oktober|Dezember"
+)
+_DATE = re.compile(
+    r"(?<![\w.])(?:"
+    r"\d{1,2}[./-]\d{1,2}[./-](?:\d{4}|\d{2})"  # 14/03/1986, 14.03.86, 3-14-1986
+    r"|\d{4}-\d{2}-\d{2}"  # 1986-03-14
+    rf"|\d{{1,2}}(?:st|nd|rd|th)?\.?[ ]+(?:{_MONTHS})\.?,?[ ]+\d{{4}}"  # 14 March 1986, 14. März 1986
+    rf"|(?:{_MONTHS})\.?[ ]+\d{{1,2}}(?:st|nd|rd|th)?,?[ ]+\d{{4}}"  # March 14, 1986
+    r")(?![\w]|[./-]\d)"
+)
+_DOB_CUE = re.compile(
+    r"(?:\bborn\b|\bd\.?\s?o\.?\s?b\b\.?|date\s+of\s+birth|birth\s*date|birthday|\bgeb(?:oren|urtsdatum)?\b\.?)",
+    re.IGNORECASE,
+)
+DOB_CUE_WINDOW = 40  # characters between the cue's end and the date's start
+
+
+def _find_dobs(text: str) -> Iterable[PiiSpan]:
+    """A date whose preceding ``DOB_CUE_WINDOW`` characters hold a birth cue (born, DOB, ...)."""
+    for m in _DATE.finditer(text):
+        before = text[max(0, m.start() - DOB_CUE_WINDOW - 16):m.start()]
+        cue = None
+        for c in _DOB_CUE.finditer(before):
+            cue = c
+        if cue is None or len(before) - cue.end() > DOB_CUE_WINDOW:
+            continue
+        if before[cue.end():].count("\n") > 1:
+            continue
+        yield PiiSpan(m.start(), m.end(), "date_of_birth", SCORES["date_of_birth"])
+
+
+# US SSN: area 001-899 except 666, group 01-99, serial 0001-9999, same separator twice
+_SSN = re.compile(r"(?<![\w-])(?!000|666|9\d\d)(\d{3})([- ])(?!00)\d{2}\2(?!0000)\d{4}(?![\w]|-\d)")
+_SSN_BARE = re.compile(r"(?<![\w-])(?!000|666|9\d\d)\d{3}(?!00)\d{2}(?!0000)\d{4}(?![\w-])")
+_SSN_CUE = re.compile(r"\b(?:SSN|SS#|social\s+security(?:\s+(?:no|number|#))?)\b", re.IGNORECASE)
+_SSN_NOT_ISSUED = frozenset({"078051120", "219099999", "123456789"})  # advertised / placeholder numbers
+# UK National Insurance number: 2 prefix letters (D F I Q U V never; O not second; BG GB KN NK NT TN ZZ
+# not allocated), 6 digits, suffix A-D
+_NINO = re.compile(
+    r"(?<![\w])(?!BG|GB|KN|NK|NT|TN|ZZ)[A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z][ ]?\d{2}[ ]?\d{2}[ ]?\d{2}[ ]?[A-D](?![\w])"
+)
+
+
+def _find_national_ids(text: str) -> Iterable[PiiSpan]:
+    for m in _SSN.finditer(text):
+        if re.sub(r"\D", "", m.group(0)) not in _SSN_NOT_ISSUED:
+            yield PiiSpan(m.start(), m.end(), "national_id", SCORES["national_id"])
+    for m in _SSN_BARE.finditer(text):  # nine bare digits only right after an SSN cue
+        if _SSN_CUE.search(text[max(0, m.start() - 24):m.start()]) and m.group(0) not in _SSN_NOT_ISSUED:
+            yield PiiSpan(m.start(), m.end(), "national_id", SCORES["national_id"])
+    for m in _NINO.finditer(text):
+        yield PiiSpan(m.start(), m.end(), "national_id", SCORES["national_id"])
+
+
+# --------------------------------------------------------------------------------------
 # Person names
 # --------------------------------------------------------------------------------------
 # Common given names (many languages); words that are also common English words are left
@@ -293,7 +488,63 @@ _NAME_WORD = r"(?:[A-Z][a-zß-öø-ÿ'’]+(?:-[A-Z][a-zß-öø-ÿ'’]+)?|[A-Z]
 _GIVEN_SURNAME = re.compile(
     rf"(?<![\w@.])(?=(?P<first>{_NAME_WORD})(?:[ ][A-Z]\.)?[ ](?P<last>{_NAME_WORD})(?![\w@]))"
 )
+# Title-case words that start or end organisation, place and document names ("Operations
+# Team", "London Office"): a capitalised pair containing one is not taken as a name by the
+# context rules below.
+_COMMON_TITLE = _NOT_SURNAME | frozenset(
+    """
+    team teams office offices committee group department services service support systems solutions partners
+    holdings labs lab center centre board council desk platform project plan report review notes note update
+    updates release version survey results security operations finance marketing sales legal procurement
+    engineering research analytics customer customers capital expenditure satisfaction central campus building
+    room traders trading consulting bank insurance university school hospital clinic airport station hotel
+    city county state north south east west new old general annual quarterly monthly weekly daily head chief
+    senior junior invoice order account budget roadmap agenda server client data cloud network storage vendor
+    contract contracts policy program programme services international global limited europe america
+    tel phone mobile fax email mail date birth salary payment refund meeting call contact signed minutes
+    questions reply registered login ticket tickets model release management success media social digital
+    product products development human resources relations affairs communications strategy quality assurance
+    logistics transport energy health care
+    """.split()
+)
+_TITLE_WORD = r"(?:[A-Z][a-zß-öø-ÿ'’]+(?:-[A-Z][a-zß-öø-ÿ'’]+)?)"
+# "Emeka P. Yilmaz": a capitalised word, a one-letter initial with its dot, a capitalised word
+_MIDDLE_INITIAL = re.compile(
+    rf"(?<![\w@.])(?P<first>{_TITLE_WORD})[ ][A-Z]\.[ ](?P<last>{_TITLE_WORD})(?![\w@])"
+)
+# A capitalised pair right after a word that introduces a person ("Contact Rhys Brandt",
+# "Account holder: Aoife Whitfield", "reviewed by Ulrike Vasquez"), for names that neither
+# NER nor the given-name list knows.
+_PERSON_CUES = (
+    r"contact|call|ask|e-?mail|meet|meeting with|with|by|from|dear|hi|hello|cc|attn|signed|holder|name|owner|"
+    r"patient|customer|employee|applicant|tenant|client|manager|author|speaker|presenter|assigned to|thanks to"
+)
+# ... and a capitalised pair right before a verb that people do ("Aoife Petrov approved")
+_NAME_BEFORE_VERB = re.compile(
+    rf"(?<![\w@.])(?P<name>{_TITLE_WORD}(?:[ ][A-Z]\.)?[ ]{_TITLE_WORD})[ ]+(?:approved|said|wrote|signed|joined|"
+    r"presented|reported|confirmed|agreed|noted|requested|submitted|attended|resigned|called|emailed|asked|"
+    r"thanked|replied|will[ ]+(?:attend|present|call|join))\b"
+)
+_CUE_NAME = re.compile(
+    rf"(?i:\b(?:{_PERSON_CUES}))[:,]?[ ]+(?P<name>{_TITLE_WORD}(?:[ ][A-Z]\.)?[ ]{_TITLE_WORD})(?![\w@])"
+)
 _SPLIT_INITIAL = re.compile(r"(?<![\w])([A-Z]) ([a-zß-öø-ÿ]{2,})(?=(\s+[A-Z])?)")
+
+
+_ORG_SUFFIX = re.compile(
+    r"[ ,]+(?:Ltd|Inc|GmbH|AG|LLC|plc|PLC|Corp|Co|SA|SE|KG|BV|NV|Group|Foundation|Association|Contributors)\b"
+)
+
+
+def _context_name_ok(text: str, start: int, end: int) -> bool:
+    """A context-rule pair is a name unless it holds a common title word, follows "the", or
+    precedes a company suffix ("The Paris Agreement said", "by Acme Widgets Ltd")."""
+    words = [w.casefold() for w in re.findall(r"[\w'’-]+", text[start:end]) if len(w) > 1]
+    if set(words) & _COMMON_TITLE:
+        return False
+    if re.search(r"(?i:\bthe)[ ]+$", text[max(0, start - 5):start]):
+        return False
+    return not _ORG_SUFFIX.match(text, end)
 
 
 def _repair(text: str) -> tuple[str, list[int]]:
@@ -367,6 +618,9 @@ def _person_spans(repaired: str, index: list[int], doc: Any) -> list[PiiSpan]:
     for ent in doc.ents:
         first = ent.text.split()[0].casefold() if ent.text.split() else ""
         if ent.label_ == "PERSON":
+            words = [w.strip(".,;:'’").casefold() for w in ent.text.split()]
+            if not ent.text[:1].isupper() or all(w in _COMMON_TITLE for w in words):
+                continue  # "Customer Satisfaction Survey", "Tel", a lowercase e-mail local part
             add(ent.start_char, ent.end_char, SCORES["person_ner"])
         elif ent.label_ in ("ORG", "GPE", "NORP", "FAC", "PRODUCT", "WORK_OF_ART", "LOC") and first in GIVEN_NAMES:
             add(ent.start_char, ent.end_char, SCORES["person_gazetteer"])
@@ -375,6 +629,12 @@ def _person_spans(repaired: str, index: list[int], doc: Any) -> list[PiiSpan]:
             add(m.start("first"), m.end("last"), SCORES["person_gazetteer"])
     for m in _HONORIFIC.finditer(repaired):
         add(m.start("name"), m.end("name"), SCORES["person_honorific"])
+    for m in _MIDDLE_INITIAL.finditer(repaired):
+        if not ({m.group("first").casefold(), m.group("last").casefold()} & _COMMON_TITLE):
+            add(m.start("first"), m.end("last"), SCORES["person_initial"])
+    for m in (*_NAME_BEFORE_VERB.finditer(repaired), *_CUE_NAME.finditer(repaired)):
+        if _context_name_ok(repaired, m.start("name"), m.end("name")):
+            add(m.start("name"), m.end("name"), SCORES["person_context"])
     return [PiiSpan(index[s], index[e - 1] + 1, "person", sc) for s, e, sc in out]
 
 
@@ -392,11 +652,27 @@ def _whole_line_guess(text: str, span: PiiSpan) -> bool:
     return line.strip(" \t.:;,") == text[span.start:span.end].strip()
 
 
-def _propagate(repaired: str, index: list[int], names: dict[str, str]) -> list[PiiSpan]:
+def _clip_at_line_break(text: str, span: PiiSpan) -> PiiSpan:
+    """Cut a name that runs over a line break after a complete first line.
+
+    "Julia\nFischer" stays one name (one word before the break); "Hannah Kapoor\nMeeting
+    with ..." is NER reading the next line's first word into the name: cut at the break.
+    """
+    nl = text.find("\n", span.start, span.end)
+    if nl < 0:
+        return span
+    before = text[span.start:nl].rstrip()
+    if len(before.split()) >= 2:
+        return PiiSpan(span.start, span.start + len(before), span.kind, span.score)
+    return span
+
+
+def _propagate(repaired: str, index: list[int], names: dict[str, tuple[str, float]]) -> list[PiiSpan]:
     """Occurrences of names found anywhere in the batch (and their parts) in this block."""
     out = []
     nlp_vocab = load_nlp().vocab
-    for surface in names.values():
+    for surface, source_score in names.values():
+        score = min(SCORES["person_propagated"], source_score)  # never stronger than the rule that found it
         parts = surface.split()
         variants = {" ".join(parts)}
         for p in (parts[0], parts[-1]) if len(parts) > 1 else ():
@@ -406,7 +682,7 @@ def _propagate(repaired: str, index: list[int], names: dict[str, str]) -> list[P
             pat = r"\s*".join(re.escape(c) for c in v.replace(" ", ""))
             for m in re.finditer(rf"(?<![\w]){pat}(?![\w])", repaired, flags=re.IGNORECASE):
                 if m.group(0)[0].isupper():
-                    out.append(PiiSpan(index[m.start()], index[m.end() - 1] + 1, "person", SCORES["person_propagated"]))
+                    out.append(PiiSpan(index[m.start()], index[m.end() - 1] + 1, "person", score))
     return out
 
 
@@ -435,10 +711,14 @@ def _resolve(spans: list[PiiSpan]) -> list[PiiSpan]:
 
 
 def detect_batch(
-    texts: list[str | None], entities: Iterable[str] | None = None, min_score: float = 0.0
+    texts: list[str | None],
+    entities: Iterable[str] | None = None,
+    min_score: float = 0.0,
+    min_scores: Mapping[str, float] | None = None,
 ) -> list[list[PiiSpan]]:
     """``find_pii`` over many blocks at once; a name found in one block is found in all.
 
+    ``min_scores`` overrides ``min_score`` per kind (applied before overlaps are resolved).
     Name propagation stays within this call (no state is kept between batches).
     """
     wanted = set(KINDS if entities is None else entities) & set(KINDS)
@@ -446,7 +726,9 @@ def detect_batch(
     if not wanted:
         return results
     idx = [i for i, t in enumerate(texts) if t]
-    rule_finders = {"email": _find_emails, "phone": _find_phones, "iban": _find_ibans, "card": _find_cards, "ip": _find_ips}
+    rule_finders = {"email": _find_emails, "phone": _find_phones, "iban": _find_ibans, "card": _find_cards,
+                    "ip": _find_ips, "address": _find_addresses, "date_of_birth": _find_dobs,
+                    "national_id": _find_national_ids}
     for i in idx:
         for kind, fn in rule_finders.items():
             if kind in wanted:
@@ -454,7 +736,7 @@ def detect_batch(
     if "person" in wanted and idx:
         nlp = load_nlp()
         repaired = {i: _repair(texts[i]) for i in idx}
-        names: dict[str, str] = {}
+        names: dict[str, tuple[str, float]] = {}
         persons: dict[int, list[PiiSpan]] = {}
         # NER sees each block whole (names broken across lines) and each of its lines alone
         # (a slide line is its own context: "Presented by Clara Hartmann\nFinance" reads as ORG).
@@ -467,16 +749,20 @@ def detect_batch(
         for i in idx:
             persons[i] = []
         for (i, rtext, rindex), doc in zip(views, nlp.pipe([v[1] for v in views], batch_size=64)):
-            persons[i].extend(s for s in _person_spans(rtext, rindex, doc) if not _whole_line_guess(texts[i], s))
+            clipped = (_clip_at_line_break(texts[i], s) for s in _person_spans(rtext, rindex, doc))
+            persons[i].extend(s for s in clipped if not _whole_line_guess(texts[i], s))
         for i in idx:
             for s in persons[i]:
                 surface = " ".join(_repair(texts[i][s.start : s.end])[0].split())
-                names.setdefault(_name_key(surface), surface)
+                key = _name_key(surface)
+                if key not in names or names[key][1] < s.score:
+                    names[key] = (surface, s.score)
         for i in idx:
             rtext, rindex = repaired[i]
             results[i].extend(persons[i])
             results[i].extend(_propagate(rtext, rindex, names))
-    return [_resolve([s for s in r if s.score >= min_score]) for r in results]
+    floor = {k: (min_scores or {}).get(k, min_score) for k in KINDS}
+    return [_resolve([s for s in r if s.score >= floor[s.kind]]) for r in results]
 
 
 def find_pii(text: str, entities: Iterable[str] | None = None, min_score: float = 0.0) -> list[tuple[int, int, str, float]]:
@@ -499,8 +785,13 @@ def normalise(kind: str, value: str) -> str:
     if kind == "phone":
         digits = re.sub(r"\D", "", v.replace("(0)", ""))
         return ("+" if v.lstrip().startswith("+") else "") + digits
-    if kind in ("iban",):
+    if kind == "iban":
+        compact = re.sub(r"\W", "", v).upper()
+        return compact[:2] + compact[2:4].replace("O", "0") + compact[4:]
+    if kind == "national_id":
         return re.sub(r"\W", "", v).upper()
+    if kind == "date_of_birth":
+        return re.sub(r"\s+", "", v).casefold()
     if kind == "card":
         return re.sub(r"\D", "", v)
     if kind == "ip":
@@ -513,8 +804,30 @@ def normalise(kind: str, value: str) -> str:
 
 def pseudonym(key: bytes, kind: str, value: str) -> str:
     """``<KIND_xxxxxxxx>``: keyed, deterministic per (key, kind, normalised value)."""
-    digest = hmac.new(key, f"{kind}\x1f{normalise(kind, value)}".encode(), hashlib.sha256).hexdigest()
-    return f"<{kind.upper()}_{digest[:TOKEN_HEX]}>"
+    return f"<{kind.upper()}_{keyed_digest(key, kind, value)[:TOKEN_HEX]}>"
+
+
+def keyed_digest(key: bytes, kind: str, value: str) -> str:
+    """HMAC-SHA256(key, kind + normalised value) as 64 hex digits (the ``hash`` action's output)."""
+    return hmac.new(key, f"{kind}\x1f{normalise(kind, value)}".encode(), hashlib.sha256).hexdigest()
+
+
+KEYED_ACTIONS = frozenset({"pseudonymise", "hash"})
+
+
+def replace_entity(action: str, kind: str, value: str, key: bytes | None) -> str:
+    """What an entity's text becomes under ``action`` (``keep`` returns it unchanged)."""
+    if action == "pseudonymise":
+        return pseudonym(key, kind, value)  # type: ignore[arg-type]
+    if action == "hash":
+        return keyed_digest(key, kind, value)  # type: ignore[arg-type]
+    if action == "mask":
+        return f"<{kind.upper()}>"
+    if action == "drop":
+        return ""
+    if action == "keep":
+        return value
+    raise ValueError(f"unknown text action {action!r}")
 
 
 # --------------------------------------------------------------------------------------
@@ -522,7 +835,7 @@ def pseudonym(key: bytes, kind: str, value: str) -> str:
 # --------------------------------------------------------------------------------------
 class TextPiiConfig(OperatorConfig):
     text: TextPolicy = TextPolicy()
-    policy_tag: str = "modalign-default@1"
+    policy_tag: str = DEFAULT_POLICY_TAG
     tenant: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
     key_store_dir: Path | None = Field(None, description="pseudonym key vault; None: ~/.modalign/keys")
 
@@ -541,7 +854,7 @@ class TextPiiOperator(TableOperator[TextPiiConfig]):
     """
 
     kind = "text_pii"
-    version = "0.1.0"
+    version = "0.2.0"
     config_model = TextPiiConfig
 
     def setup(self) -> None:
@@ -585,40 +898,38 @@ class TextPiiOperator(TableOperator[TextPiiConfig]):
         words: list[list[dict] | None] = table.column(WORDS).to_pylist() if has_words else [None] * len(texts)
         # a block with words but no text is detected on its words joined by spaces
         probe = [t if t is not None else (" ".join(w["text"] for w in ws) if ws else None) for t, ws in zip(texts, words)]
-        spans = detect_batch(probe, pol.entities, pol.min_score)
+        thresholds = {k: pol.threshold_for(k) for k in pol.entities}
+        spans = detect_batch(probe, pol.entities, min_scores=thresholds)
         key = None
-        if pol.action == "pseudonymise" and any(spans):
+        if any(pol.action_for(s.kind) in KEYED_ACTIONS for sp in spans for s in sp):
             key = self._store.key(self.config.tenant)
 
         def replacement(text: str, s: PiiSpan) -> str:
-            if pol.action == "pseudonymise":
-                return pseudonym(key, s.kind, text[s.start : s.end])  # type: ignore[arg-type]
-            if pol.action == "mask":
-                return f"<{s.kind.upper()}>"
-            return ""
+            return replace_entity(pol.action_for(s.kind), s.kind, text[s.start : s.end], key)
 
         new_texts, new_words, headers, counts = [], [], [], []
         for t, ws, probe_t, sp in zip(texts, words, probe, spans):
             counts.append(sorted({k: sum(1 for s in sp if s.kind == k) for k in {s.kind for s in sp}}.items()))
-            replace = pol.action != "keep" and bool(sp)
-            if replace and probe_t is not None:
+            replaced = [s for s in sp if pol.action_for(s.kind) != "keep"]
+            if replaced and probe_t is not None:
                 if t is not None:
                     out = t
-                    for s in sorted(sp, reverse=True):
+                    for s in sorted(replaced, reverse=True):
                         out = out[: s.start] + replacement(t, s) + out[s.end :]
                     new_texts.append(out)
                 else:
                     new_texts.append(None)
-                new_words.append(_replace_words(probe_t, ws, sp, lambda s: replacement(probe_t, s)) if ws else ws)
+                new_words.append(_replace_words(probe_t, ws, replaced, lambda s: replacement(probe_t, s)) if ws else ws)
             else:
                 new_texts.append(t)
                 new_words.append(ws)
+            methods = sorted({pol.action_for(s.kind) for s in sp}) or [pol.action]
             headers.append(
                 {
                     "policy": self.config.policy_tag,
-                    "method": pol.action,
+                    "method": "+".join(methods),
                     "detector": self.detector,
-                    "count": len(sp) if replace else 0,
+                    "count": len(replaced) if probe_t is not None else 0,
                     "threshold": pol.min_score,
                 }
             )

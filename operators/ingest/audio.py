@@ -27,7 +27,7 @@ holds is reported as ``truncated`` after the audio that is there.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +145,13 @@ class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
     modality = "audio"
     config_model = AudioMfccConfig
 
+    def __init__(self, config: AudioMfccConfig | None = None, *,
+                 waveform_transform: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+        """``waveform_transform``: applied to each chunk's 16 kHz mono samples before MFCC and
+        VAD, inside this process (the voice policy's anonymisation hook, ``operators.deid.voice``)."""
+        super().__init__(config)
+        self.waveform_transform = waveform_transform
+
     def output_schema(self) -> pa.Schema:
         return audio_mfcc_schema(self.config.n_mfcc)
 
@@ -208,11 +215,12 @@ class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
                 nonlocal pending, held, first_frame
                 if held < win or (not final and held < chunk):
                     return
-                x = np.concatenate(pending) if len(pending) > 1 else pending[0]
+                raw = np.concatenate(pending) if len(pending) > 1 else pending[0]
+                x = self.waveform_transform(raw) if self.waveform_transform is not None else raw
                 feats = self.mfcc(x)
                 n = feats.shape[0]
                 voiced = None if vad is None else vad(frame_energy_db(x, n, win, hop))
-                rest = x[n * hop:].copy()  # < one window; lets the chunk go
+                rest = raw[n * hop:].copy()  # < one window, untransformed; lets the chunk go
                 pending, held = ([rest] if rest.size else []), rest.size
                 yield self._table(ctx, pcm.start_ns, first_frame, feats, voiced)
                 first_frame += n

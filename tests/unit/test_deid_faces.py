@@ -81,9 +81,9 @@ def test_face_detected_blurred_inside_identical_outside(op, canvas):
     assert diff[inside].mean() > 30
     assert np.array_equal(got[~inside], canvas[~inside])  # bit-identical outside the box
     assert out.column("deid")[0].as_py() == {
-        "policy": "modalign-default@1",
+        "policy": "modalign-default@2",
         "method": "blur_permute",
-        "detector": "mediapipe-face-detection@0.10.21/full-range",
+        "detector": "mediapipe-face-detection@0.10.21/full-range/tiles2",
         "count": 1,
         "threshold": 0.5,
     }
@@ -132,7 +132,7 @@ def test_missed_detection_inside_window_still_covered(op, canvas, blacked):
 
 
 def test_window_zero_does_not_spread(op, canvas, blacked):
-    o = FaceBlurOperator(FaceBlurConfig(secret=SECRET, face=FacePolicy(temporal_window=0)))
+    o = FaceBlurOperator(FaceBlurConfig(secret=SECRET, face=FacePolicy(temporal_window=0, tile_every=1)))
     o._detector = op._detector
     o.setup()
     out = o.process(frames_table([canvas, blacked, canvas]))
@@ -222,3 +222,73 @@ def test_deid_modules_import_no_heavy_packages():
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- small faces, tiling, mask ---------------------------------------------------------------
+def test_small_faces_in_720p_found_with_tiles(op):
+    """Cluttered 1280x720 frames with faces 55-146 px wide: the whole-frame pass misses some."""
+    from pipeline.deid_eval import make_face_samples
+
+    samples = make_face_samples(12, seed=4, size=(1280, 720))
+    whole = FaceBlurOperator(FaceBlurConfig(secret=SECRET, face=FacePolicy(tiles=1)))
+    whole.setup()
+
+    def covered(o, s) -> bool:
+        o.reset()
+        out = o.process(frames_table([s.image]))
+        fx0, fy0, fx1, fy1 = s.box
+        boxes = out.column("face_boxes")[0].as_py()
+        hit = any(b["x0"] <= fx0 and b["y0"] <= fy0 and b["x1"] >= fx1 and b["y1"] >= fy1 for b in boxes)
+        if hit:  # and the face pixels really changed
+            got = out_frames(out)[0]
+            assert np.abs(got[fy0:fy1, fx0:fx1].astype(np.int16) - s.image[fy0:fy1, fx0:fx1]).mean() > 30
+        return hit
+
+    assert sum(covered(whole, s) for s in samples) <= 10  # the gap the tiles close
+    assert all(covered(op, s) for s in samples)
+
+
+def test_tile_regions_cover_the_frame_with_overlap():
+    from operators.deid.faces import tile_regions
+
+    regions = tile_regions(1280, 720, 2)
+    assert regions[0] == (0, 0, 1280, 720) and len(regions) == 5
+    tiles = regions[1:]
+    assert min(t[0] for t in tiles) == 0 and max(t[2] for t in tiles) == 1280
+    assert min(t[1] for t in tiles) == 0 and max(t[3] for t in tiles) == 720
+    assert tiles[0][2] - tiles[1][0] >= 0.25 * (tiles[0][2] - tiles[0][0]) - 1  # neighbours overlap by a quarter
+    assert tile_regions(320, 240, 2) == [(0, 0, 320, 240)]  # small frames: whole frame only
+
+
+def test_tiled_pass_every_other_frame_only_in_dense_streams(canvas):
+    class Counting:
+        name = "counting@0"
+
+        def __init__(self):
+            self.calls = []
+
+        def detect(self, img, tiled=True):
+            self.calls.append(tiled)
+            return []
+
+    o = FaceBlurOperator(FaceBlurConfig(secret=SECRET))
+    o._detector = Counting()
+    o.process(frames_table([canvas] * 5))  # 40 ms apart
+    assert o._detector.calls == [True, False, True, False, True]  # the last row is always tiled
+    o._detector.calls.clear()
+    sparse = frames_table([canvas] * 3).set_column(1, "t_ns", pa.array([0, 1_000_000_000, 2_000_000_000], pa.int64()))
+    o.process(sparse)  # 1 s apart (sampled frames): the window cannot bridge, every frame is tiled
+    assert o._detector.calls == [True, True, True]
+
+
+def test_mask_action_fills_the_box_with_one_colour(op, canvas):
+    o = FaceBlurOperator(FaceBlurConfig(secret=SECRET, face=FacePolicy(action="mask")))
+    o._detector = op._detector
+    o.setup()
+    out = o.process(frames_table([canvas]))
+    b = out.column("face_boxes")[0].as_py()[0]
+    got = out_frames(out)[0]
+    region = got[b["y0"]:b["y1"], b["x0"]:b["x1"]].reshape(-1, 3)
+    assert (region == region[0]).all()
+    assert np.array_equal(got[~box_mask(b)], canvas[~box_mask(b)])
+    assert out.column("deid")[0].as_py()["method"] == "mask"

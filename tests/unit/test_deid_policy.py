@@ -1,0 +1,64 @@
+"""DeidPolicy: per-modality actions, per-entity text actions and thresholds, strict validation."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from schemas.config import RunConfig
+from schemas.policy import ALL_TEXT_ENTITIES, DEFAULT_POLICY_TAG, DeidPolicy, FacePolicy, TextPolicy, VoicePolicy
+
+pytestmark = pytest.mark.unit
+
+
+def test_default_policy_tag_and_entities():
+    pol = DeidPolicy()
+    assert pol.tag == DEFAULT_POLICY_TAG == "modalign-default@2"
+    assert set(pol.text.entities) == set(ALL_TEXT_ENTITIES) >= {"address", "date_of_birth", "national_id"}
+    assert (pol.face.action, pol.voice.action, pol.text.action) == ("blur_permute", "keep_mfcc", "pseudonymise")
+
+
+def test_per_entity_actions_and_thresholds_default_to_the_text_action():
+    pol = TextPolicy(action="pseudonymise", actions={"ip": "mask", "card": "hash"}, min_scores={"address": 0.9})
+    assert pol.action_for("ip") == "mask" and pol.action_for("card") == "hash"
+    assert pol.action_for("person") == "pseudonymise"  # not listed: the default action
+    assert pol.threshold_for("address") == 0.9 and pol.threshold_for("email") == pol.min_score == 0.5
+
+
+def test_policy_loads_from_a_user_mapping_with_legal_basis():
+    cfg = RunConfig.model_validate({"policy": {
+        "policy_id": "acme-hr", "version": "2026-04", "legal_basis": "GDPR Art. 6(1)(f); DPIA-17",
+        "text": {"action": "mask", "actions": {"person": "pseudonymise"}, "legal_basis": "Art. 89 research"},
+        "voice": {"action": "anonymise", "mcadams_alpha": 0.75},
+        "face": {"action": "mask"},
+    }})
+    assert cfg.policy.tag == "acme-hr@2026-04"
+    assert cfg.policy.text.action_for("person") == "pseudonymise" and cfg.policy.text.action_for("ip") == "mask"
+    assert cfg.policy.voice.mcadams_alpha == 0.75 and cfg.policy.face.action == "mask"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"text": {"actions": {"passport": "mask"}}},  # unknown entity type
+        {"text": {"actions": {"person": "encrypt"}}},  # unknown action
+        {"text": {"entities": ["person", "shoe_size"]}},
+        {"text": {"entities": ["email"], "actions": {"person": "mask"}}},  # listed but not detected
+        {"text": {"min_scores": {"email": 1.5}}},
+        {"face": {"action": "pseudonymise"}},  # not a face action
+        {"voice": {"action": "pitch_shift"}},
+        {"voice": {"action": "anonymise", "mcadams_alpha": 1.0}},  # would not change the voice
+        {"face": {"temporal_window": 0}},  # tiles skipped on odd frames need the window
+        {"sound": {"action": "drop"}},  # unknown modality
+        {"policy_id": "a b"},
+    ],
+)
+def test_invalid_policies_are_rejected(bad):
+    with pytest.raises(ValidationError):
+        DeidPolicy.model_validate(bad)
+
+
+def test_window_zero_allowed_when_every_frame_is_tiled():
+    assert FacePolicy(temporal_window=0, tile_every=1).temporal_window == 0
+    assert FacePolicy(temporal_window=0, tiles=1).tiles == 1
+    assert VoicePolicy(action="keep_mfcc", mcadams_alpha=1.0).action == "keep_mfcc"  # alpha unused
