@@ -52,9 +52,9 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from operators.base import Operator, OperatorConfig, TableOperator
-from operators.cache.keys import FeatureRowsBuilder, as_box_dicts, cache_key, feature_schema, xyxy
-from operators.cache.store import FeatureCache
+from operators.base import Operator, OperatorConfig
+from operators.cache.keys import FeatureRowsBuilder, as_box_dicts, cache_key, xyxy
+from operators.embed.common import EncoderTableOperator
 from operators.embed.device import is_cuda, pick_device, to_device
 from operators.embed.loaders import FACTORY_PATTERN, NAME_PATTERN, as_feature_grid, load_user_module, user_model_digest
 from pipeline.errors import ConfigError, DependencyMissingError, InputError
@@ -428,7 +428,7 @@ class FrameEmbedConfig(OperatorConfig):
     )
 
 
-class FrameEmbedOperator(TableOperator[FrameEmbedConfig]):
+class FrameEmbedOperator(EncoderTableOperator[FrameEmbedConfig]):
     """Frames (+ face boxes) -> feature rows: one ``frame`` row per frame, one ``roi`` row per box.
 
     Input columns: ``event_id`` string, ``t_ns`` int64, ``frame`` fixed_shape_tensor uint8
@@ -451,22 +451,7 @@ class FrameEmbedOperator(TableOperator[FrameEmbedConfig]):
     version: ClassVar[str] = "0.1.0"
     config_model: ClassVar[type[OperatorConfig]] = FrameEmbedConfig
 
-    def __init__(self, config: FrameEmbedConfig | None = None, *, encoder: ImageEncoder | None = None,
-                 cache: FeatureCache | None = None) -> None:
-        if config is None and encoder is not None:
-            config = FrameEmbedConfig(encoder=encoder.config)
-        super().__init__(config)
-        if encoder is not None and encoder.config != self.config.encoder:
-            raise ConfigError("the shared image encoder's config differs from this operator's encoder config")
-        self.encoder = encoder if encoder is not None else ImageEncoder(self.config.encoder)
-        self.cache = cache
-
-    def setup(self) -> None:
-        self.encoder.ensure_setup()
-        self._ready = True
-
-    def output_schema(self, input_schema: pa.Schema) -> pa.Schema:
-        return feature_schema()
+    encoder_cls = ImageEncoder
 
     def keys_for(self, frame: np.ndarray, boxes: list[Any]) -> dict[str, Any]:
         """Cache keys of one frame: ``frame``, ``patch`` and one ``roi`` key per box."""

@@ -27,9 +27,9 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from operators.base import Operator, OperatorConfig, TableOperator
-from operators.cache.keys import FeatureRowsBuilder, as_box_dicts, cache_key, feature_schema
-from operators.cache.store import FeatureCache
+from operators.base import Operator, OperatorConfig
+from operators.cache.keys import FeatureRowsBuilder, as_box_dicts, cache_key
+from operators.embed.common import EncoderTableOperator
 from operators.embed.device import pick_device
 from operators.embed.image import file_sha256, l2_normalise
 from pipeline.errors import ConfigError, DependencyMissingError, InputError
@@ -189,7 +189,7 @@ class TextBlockEmbedConfig(OperatorConfig):
     modality: str = Field("pdf", description="modality written on the rows")
 
 
-class TextEmbedOperator(TableOperator[TextBlockEmbedConfig]):
+class TextEmbedOperator(EncoderTableOperator[TextBlockEmbedConfig]):
     """Text blocks -> one ``roi`` feature row per block (box kept).
 
     Input columns: ``event_id`` string, ``t_ns`` int64, ``text`` string (de-identified),
@@ -201,22 +201,7 @@ class TextEmbedOperator(TableOperator[TextBlockEmbedConfig]):
     version: ClassVar[str] = "0.1.0"
     config_model: ClassVar[type[OperatorConfig]] = TextBlockEmbedConfig
 
-    def __init__(self, config: TextBlockEmbedConfig | None = None, *, encoder: TextEncoder | None = None,
-                 cache: FeatureCache | None = None) -> None:
-        if config is None and encoder is not None:
-            config = TextBlockEmbedConfig(encoder=encoder.config)
-        super().__init__(config)
-        if encoder is not None and encoder.config != self.config.encoder:
-            raise ConfigError("the shared text encoder's config differs from this operator's encoder config")
-        self.encoder = encoder if encoder is not None else TextEncoder(self.config.encoder)
-        self.cache = cache
-
-    def setup(self) -> None:
-        self.encoder.ensure_setup()
-        self._ready = True
-
-    def output_schema(self, input_schema: pa.Schema) -> pa.Schema:
-        return feature_schema()
+    encoder_cls = TextEncoder
 
     def process(self, table: pa.Table) -> pa.Table:
         self.ensure_setup()
