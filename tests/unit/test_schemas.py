@@ -77,3 +77,16 @@ def test_with_lineage_fills_constant_columns_and_casts():
     assert out.column("voiced").null_count == 2  # optional column not computed upstream
     with pytest.raises(KeyError, match="session_id"):
         with_lineage(table, {}, MfccRow.schema())
+
+
+def test_readme_config_and_manifest_examples_are_valid(tmp_path):
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    blocks = readme.split("```yaml\n")[1:]
+    config = next(b.split("```")[0] for b in blocks if b.startswith("ingest:"))
+    manifest = next(b.split("```")[0] for b in blocks if b.startswith("session_id:"))
+    cfg = load_model(RunConfig, _write(tmp_path, config, "c.yaml"))
+    assert cfg.policy.voice.action == "anonymise" and cfg.runtime.address == "auto"
+    m = load_model(Manifest, _write(tmp_path, manifest, "m.yaml"))
+    assert {s.id for s in m.sources} == {"room_video", "lapel", "slides"}
