@@ -16,11 +16,10 @@ from operators.align.clock import SessionClock
 from operators.align.offset import estimate_offset, estimate_source_offset
 from pipeline.errors import InputError
 from schemas.manifest import ClockMapping
+from signals import HI, SR, noise_bursts, record
 
 pytestmark = pytest.mark.unit
 
-SR = 16_000
-HI = 64_000  # the "continuous" sound is held at 64 kHz and read at any time by interpolation
 MS = 1_000_000
 SENTENCES = (
     "The quick brown fox jumps over the lazy dog.",
@@ -54,37 +53,12 @@ def speech() -> np.ndarray:
     return np.concatenate(parts)
 
 
-def _noise_bursts(seconds: float, seed: int) -> np.ndarray:
-    """Coloured (low-passed) noise bursts of 0.15-0.9 s with 0.1-0.7 s pauses, at HI Hz."""
-    rng = np.random.default_rng(seed)
-    x = np.zeros(int(seconds * HI))
-    t = int(0.3 * HI)
-    while t < len(x):
-        n = int(rng.uniform(0.15, 0.9) * HI)
-        burst = rng.normal(0, 1, n)
-        burst = np.convolve(burst, np.ones(8) / 8, mode="same")  # coloured: most energy under 8 kHz
-        x[t:t + n] = (burst * rng.uniform(0.1, 0.4) * np.hanning(n))[: len(x) - t]
-        t += n + int(rng.uniform(0.1, 0.7) * HI)
-    return x
-
-
-def _record(sound: np.ndarray, seconds: float, offset_ns: int, skew_ppm: float, noise: float, seed: int) -> np.ndarray:
-    """What a recorder hears: local sample j at t = j/SR is the sound at session time
-    offset + t * (1 + skew) (the ClockMapping convention), plus its own noise. The sound
-    is zero before session time 0 and after its end."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(seconds * SR)) / SR
-    session = offset_ns / 1e9 + t * (1 + skew_ppm * 1e-6)
-    x = np.interp(session * HI, np.arange(len(sound)), sound, left=0.0, right=0.0)
-    return (x + rng.normal(0, noise, len(x))).astype(np.float32)
-
-
 @pytest.mark.parametrize("offset_ns", [-4_876_543_210, 731_250_000, 4_987_654_321])
 @pytest.mark.parametrize("skew_ppm", [-100.0, 100.0])
 def test_offset_and_skew_of_generated_pairs(speech, offset_ns, skew_ppm):
     seconds = len(speech) / HI
-    ref = _record(speech, seconds, 0, 0.0, 0.01, seed=1)
-    other = 0.6 * _record(speech, seconds, offset_ns, skew_ppm, 0.02, seed=2)
+    ref = record(speech, seconds, 0, 0.0, 0.01, seed=1)
+    other = 0.6 * record(speech, seconds, offset_ns, skew_ppm, 0.02, seed=2)
     est = estimate_offset(ref, other, SR)
     assert abs(est.offset_ns - offset_ns) <= 10 * MS
     assert abs(est.offset_ns - offset_ns) <= 1 * MS  # what it reaches in practice (~us)
@@ -124,8 +98,8 @@ def test_sample_session_lapel_offset_from_the_video_audio(tmp_path):
 
 def test_unrelated_recordings_raise_offset_not_found():
     rng = np.random.default_rng(0)
-    a = (_noise_bursts(12, seed=1)[:: HI // SR] + rng.normal(0, 0.01, 12 * SR)).astype(np.float32)
-    b = (_noise_bursts(12, seed=2)[:: HI // SR] + rng.normal(0, 0.01, 12 * SR)).astype(np.float32)
+    a = (noise_bursts(12, seed=1)[:: HI // SR] + rng.normal(0, 0.01, 12 * SR)).astype(np.float32)
+    b = (noise_bursts(12, seed=2)[:: HI // SR] + rng.normal(0, 0.01, 12 * SR)).astype(np.float32)
     with pytest.raises(InputError) as err:
         estimate_offset(a, b, SR, source_uri="file:///b.wav")
     assert err.value.code == "offset_not_found" and "file:///b.wav" in str(err.value)
@@ -140,9 +114,9 @@ def test_skewed_recorder_raises_one_drift_alarm_where_the_drift_crosses_800_ms()
     # The lapel recorder's clock runs 2 % slow (offset 250 ms); the manifest knows the offset
     # but says skew 0. The windowed estimate sees the drift and the aligner turns it into an alarm.
     offset, skew, seconds = 250 * MS, 20_000.0, 48.0
-    sound = _noise_bursts(52, seed=3)
-    ref = _record(sound, 50.0, 0, 0.0, 0.005, seed=4)
-    lapel = _record(sound, seconds, offset, skew, 0.01, seed=5)
+    sound = noise_bursts(52, seed=3)
+    ref = record(sound, 50.0, 0, 0.0, 0.005, seed=4)
+    lapel = record(sound, seconds, offset, skew, 0.01, seed=5)
     est = estimate_offset(ref, lapel, SR)
     assert est.skew_ppm == pytest.approx(skew, abs=20) and abs(est.offset_ns - offset) <= 2 * MS
 

@@ -1,0 +1,46 @@
+"""Synthetic recordings for clock tests: a sound on the session clock, heard by skewed recorders."""
+
+from __future__ import annotations
+
+import wave
+from pathlib import Path
+
+import numpy as np
+
+SR = 16_000
+HI = 64_000  # the "continuous" sound is held at 64 kHz and read at any time by interpolation
+
+
+def noise_bursts(seconds: float, seed: int) -> np.ndarray:
+    """Coloured (low-passed) noise bursts of 0.15-0.9 s with 0.1-0.7 s pauses, at HI Hz."""
+    rng = np.random.default_rng(seed)
+    x = np.zeros(int(seconds * HI))
+    t = int(0.3 * HI)
+    while t < len(x):
+        n = int(rng.uniform(0.15, 0.9) * HI)
+        burst = rng.normal(0, 1, n)
+        burst = np.convolve(burst, np.ones(8) / 8, mode="same")  # coloured: most energy under 8 kHz
+        x[t:t + n] = (burst * rng.uniform(0.1, 0.4) * np.hanning(n))[: len(x) - t]
+        t += n + int(rng.uniform(0.1, 0.7) * HI)
+    return x
+
+
+def record(sound: np.ndarray, seconds: float, offset_ns: int, skew_ppm: float, noise: float, seed: int) -> np.ndarray:
+    """What a recorder hears: local sample j at t = j/SR is the sound at session time
+    offset + t * (1 + skew) (the ClockMapping convention), plus its own noise. The sound
+    is zero before session time 0 and after its end."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * SR)) / SR
+    session = offset_ns / 1e9 + t * (1 + skew_ppm * 1e-6)
+    x = np.interp(session * HI, np.arange(len(sound)), sound, left=0.0, right=0.0)
+    return (x + rng.normal(0, noise, len(x))).astype(np.float32)
+
+
+def write_wav(path: Path, x: np.ndarray, rate: int = SR) -> Path:
+    pcm = (np.clip(x, -1, 1) * 32767).astype("<i2")
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.tobytes())
+    return path
