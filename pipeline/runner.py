@@ -202,6 +202,9 @@ class Runner:
         self._collect(ray.get(job.pending))
         row = job.lineage_row or dict(job.lineage, modality=ctx.spec.modality, status="quarantined",
                                       events=job.events, deid=[], subjects=list(m.subjects))
+        clock = job.clock or ctx.spec.clock
+        row.update(clock_offset_ns=clock.offset_ns, clock_skew_ppm=clock.skew_ppm,
+                   clock_method="estimated" if clock.estimated else "manifest", clock_reference=clock.reference)
         with self._lock:
             row["run_id"] = self.run_id
             st.lineage.append(row)

@@ -229,6 +229,10 @@ class SourceLineageRow(_Row):
     policy: str
     deid: list[DeidHeader]
     subjects: list[str]
+    clock_offset_ns: int = Field(0, description="session time of the source's local zero used for its events")
+    clock_skew_ppm: float = 0.0
+    clock_method: str = Field("manifest", description="manifest | estimated (against clock_reference)")
+    clock_reference: str | None = Field(None, description="source the clock was estimated or verified against")
 
 
 ALL_TABLES: tuple[type[_Row], ...] = (

@@ -177,6 +177,9 @@ def test_lineage_rows_name_every_source(demo):
         assert r["source_uri"] == path.resolve().as_uri()
         assert r["source_version"] == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
         assert r["status"] == "ingested" and r["policy"] == DeidPolicy().tag
+    lapel = next(r for r in rows if r["source_id"] == "lapel")
+    assert lapel["clock_method"] == "estimated" and lapel["clock_reference"] == "room_video"
+    assert abs(lapel["clock_offset_ns"] - manifest.ground_truth.audio_offsets_ns["lapel"]) <= 10_000_000
     feats = _table(root / "out", "features/*/*/*.parquet")
     assert set(feats.column("source_id").to_pylist()) == {s.id for s in manifest.sources}
     assert all(m and "@" in m for m in feats.column("model_id").to_pylist())

@@ -319,3 +319,20 @@ def test_run_limited_sets_the_address_space_ceiling():
 
     proc = run_limited(["sh", "-c", "ulimit -v"], timeout=10, memory_mb=321)
     assert proc.stdout.decode().strip() == str(321 * 1024)
+
+
+def test_born_digital_and_scanned_versions_of_a_page_give_the_same_words(tmp_path):
+    import difflib
+
+    lines = ["Quarterly budget review",  # short enough for the page at 24 pt
+             "Vendor contracts renewed",
+             "Storage upgrades in March",
+             "Questions after the meeting"]
+    pdf = mixed_pdf(tmp_path / "both.pdf", [("text", lines), ("scan", lines)])
+    rows = pa.concat_tables(PdfTextOperator(PdfTextConfig(ocr_workers=1)).read(ctx_for(pdf))).to_pylist()
+    words = {p: [w["text"] for r in rows if r["page_index"] == p for w in r["words"]] for p in (0, 1)}
+    assert {r["extraction"] for r in rows if r["page_index"] == 0} == {"text_layer"}
+    assert {r["extraction"] for r in rows if r["page_index"] == 1} == {"ocr"}
+    assert words[0] == " ".join(lines).split()
+    match = difflib.SequenceMatcher(a=words[0], b=words[1], autojunk=False).ratio()
+    assert match >= 0.98, (match, words[1])
