@@ -17,6 +17,14 @@ from schemas.config import RunConfig
 from schemas.tables import FeatureRow
 
 
+def with_user_boxes(table: pa.Table, boxes: list[tuple[int, int, int, int]]) -> pa.Table:
+    """``table`` with configured fixed regions added to every frame's ``face_boxes`` (roi list)."""
+    extra = [{"x0": x0, "y0": y0, "x1": x1, "y1": y1, "score": 1.0} for x0, y0, x1, y1 in boxes]
+    col = table.column("face_boxes")
+    rois = pa.array([(b or []) + extra for b in col.to_pylist()], type=col.type)
+    return table.set_column(table.schema.get_field_index("face_boxes"), "face_boxes", rois)
+
+
 class Embedder:
     def __init__(self, config: RunConfig, out_root: Path) -> None:
         from operators.cache.store import FeatureCache
@@ -38,6 +46,8 @@ class Embedder:
         if table.num_rows == 0:
             return {"rows": 0, "model_id": None, "granularities": {}}
         op = self._op(modality)
+        if modality == "video" and self.config.embed.roi_boxes:
+            table = with_user_boxes(table, self.config.embed.roi_boxes)
         feats = op.process(table)
         if feats.num_rows == 0:
             return {"rows": 0, "model_id": None, "granularities": {}}

@@ -106,6 +106,10 @@ class EmbedConfig(_Strict):
     text_model: str = Field("all-minilm-l6-v2", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
                             description="name recorded in the text model_id (NAME@HASH); set it with text_model_path")
     image_fps: float = Field(1.0, gt=0, description="video frames embedded per second of video")
+    roi_boxes: list[tuple[int, int, int, int]] = Field(
+        default_factory=list,
+        description="fixed regions (x0, y0, x1, y1 px) of every embedded video frame, e.g. the projector screen: "
+                    "roi features pooled from the frame's patch grid, like face boxes")
     image_size: int = Field(224, ge=32)
     batch_size: int = Field(16, ge=1)
     device: str = Field("auto", description="auto | cpu | cuda")
