@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from media_faults import fail_after
 from operators.ingest.audio import AudioMfccConfig, AudioMfccOperator, PcmStream, audio_mfcc_schema, decode_audio
 from operators.ingest.base import SourceContext
 from pipeline.errors import InputError, LimitExceededError, UnreadableInputError, UnsupportedInputError
@@ -184,32 +185,7 @@ def test_video_without_audio_is_unsupported(tmp_path):
 
 
 def test_decode_failure_midway_yields_then_reports_range(media, monkeypatch):
-    import av
-
-    real_open = av.open
-
-    class Failing:
-        """A container whose decoder raises after 65 AAC frames of 1024 samples (1.51 s)."""
-
-        def __init__(self, c):
-            self._c = c
-
-        def __getattr__(self, name):
-            return getattr(self._c, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self._c.close()
-
-        def decode(self, *a, **k):
-            for i, f in enumerate(self._c.decode(*a, **k)):
-                if i == 65:
-                    raise av.error.InvalidDataError(1094995529, "Invalid data found")
-                yield f
-
-    monkeypatch.setattr(av, "open", lambda *a, **k: Failing(real_open(*a, **k)))
+    fail_after(monkeypatch, "decode", 65)  # the decoder raises after 65 AAC frames of 1024 samples (1.51 s)
     got = []
     with pytest.raises(InputError) as e:
         for t in AudioMfccOperator(AudioMfccConfig(chunk_s=0.5)).read(ctx_for(media["m4a"])):

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from media_faults import fail_after
 from operators.ingest.base import SourceContext
 from operators.ingest.video import VideoFramesConfig, VideoFramesOperator, frames_to_numpy, video_frames_schema
 from pipeline.errors import InputError, LimitExceededError, UnreadableInputError, UnsupportedInputError
@@ -152,32 +153,7 @@ def test_limits_reject_before_decoding(vfr_clip):
 
 
 def test_demux_failure_midway_yields_then_reports_range(vfr_clip, monkeypatch):
-    import av
-
-    real_open = av.open
-
-    class Failing:
-        """A container whose demuxer raises after 8 packets (a damaged container index)."""
-
-        def __init__(self, c):
-            self._c = c
-
-        def __getattr__(self, name):
-            return getattr(self._c, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self._c.close()
-
-        def demux(self, *a, **k):
-            for i, p in enumerate(self._c.demux(*a, **k)):
-                if i == 8:
-                    raise av.error.InvalidDataError(1094995529, "Invalid data found")
-                yield p
-
-    monkeypatch.setattr(av, "open", lambda *a, **k: Failing(real_open(*a, **k)))
+    fail_after(monkeypatch, "demux", 8)  # the demuxer raises after 8 packets (a damaged container index)
     got = []
     with pytest.raises(InputError) as e:
         for t in VideoFramesOperator().read(ctx_for(vfr_clip)):
