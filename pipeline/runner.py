@@ -98,6 +98,7 @@ class Runner:
     def run(self, input_path: Path) -> dict:
         import ray
 
+        from operators.embed.device import embed_actor_resources
         from pipeline.actors import AlignerActor, EmbedActor, IngestActor
 
         started = time.time()
@@ -111,8 +112,6 @@ class Runner:
 
         ingest_actors = [IngestActor.options(num_cpus=1).remote(cfg_json, str(self.out), str(self.key_store))
                          for _ in range(n_ingest)]
-        from operators.embed.device import embed_actor_resources
-
         gpu = embed_actor_resources(self.config.embed.device, ray.cluster_resources().get("GPU", 0))
         embedder = EmbedActor.options(num_cpus=1 if cpus > 1 else 0, **gpu).remote(cfg_json, str(self.out))
 
@@ -127,7 +126,7 @@ class Runner:
             jobs += [(st, c) for c in ctxs]
 
         with ThreadPoolExecutor(max_workers=n_ingest) as pool:
-            futures = [pool.submit(self._ingest_one, st, ctx, ingest_actors[i % n_ingest], embedder, i)
+            futures = [pool.submit(self._ingest_one, st, ctx, ingest_actors[i % n_ingest], embedder)
                        for i, (st, ctx) in enumerate(jobs)]
             for f in futures:
                 f.result()
@@ -172,7 +171,8 @@ class Runner:
             return None
         return SourceContext(session_id=s.manifest.session_id, spec=spec, path=path, uri=uri, version=version)
 
-    def _ingest_one(self, st: _SessionState, ctx: SourceContext, actor, embedder, job: int) -> None:
+    def _ingest_one(self, st: _SessionState, ctx: SourceContext, actor, embedder) -> None:
+        """Stream one source through an ingest actor, forwarding its items (runs in a driver thread)."""
         import ray
 
         m = st.session.manifest
