@@ -52,9 +52,14 @@ class IngestActor:
                 yield kind, payload
 
 
-@ray.remote(max_restarts=2, max_task_retries=2)
+@ray.remote(max_restarts=0, max_task_retries=0)
 class AlignerActor:
-    """One per session: collects event times from all sources, then writes the timeline."""
+    """One per session: collects event times from all sources, then writes the timeline.
+
+    Not restarted: a restarted aligner would have lost the events it held and would write
+    a timeline full of false gaps; failing the run is the honest outcome until its state
+    is checkpointed.
+    """
 
     def __init__(self, session_id: str, config_json: str, out_root: str, expected_sources: list[str]) -> None:
         from operators.align.aligner import TickAligner
