@@ -148,7 +148,9 @@ class IngestWorker:
                     from operators.deid.voice import mark_transformed
 
                     raw = mark_transformed(raw, transform)
-                clean = ops[1].process(raw)
+                clean = raw
+                for op in ops[1:]:  # the de-identification operators of this modality, in order
+                    clean = op.process(clean)
                 del raw  # the raw batch ends here, in this process
                 if clean.num_rows == 0:
                     continue
