@@ -51,7 +51,8 @@ def render(info: dict) -> str:
         f"run {run['run_id'][:8]}  finished {run['finished_at']}  in {run['elapsed_s']} s  policy {run['versions']['policy']}",
         f"sessions {c['sessions']}  ticks {c['ticks']}  events video {c['events']['video']} / audio "
         f"{c['events']['audio']} / pdf {c['events']['pdf']}",
-        f"de-identified: {c['faces_blurred']} face boxes blurred, {c['pii_replaced']} personal-data items replaced",
+        f"de-identified: {c['faces_blurred']} face boxes blurred, {c.get('frame_text_blurred', 0)} text regions "
+        f"blurred in frames, {c['pii_replaced']} personal-data items replaced in documents",
         f"features: " + ", ".join(f"{g} {n}" for g, n in c["features"].items()) +
         "  cache: " + ", ".join(f"{g} {n} hit/{c['cache']['misses'].get(g, 0)} miss" for g, n in c["cache"]["hits"].items()),
         "",

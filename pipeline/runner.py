@@ -210,10 +210,7 @@ class Runner:
             st.lineage.append(row)
             self.counts[f"events_{ctx.spec.modality}"] += job.events
             for h in row["deid"]:
-                if h["method"] == "blur_permute":
-                    self.counts["faces_blurred"] += h["count"]
-                elif h["method"] in ("pseudonymise", "mask", "drop") and ctx.spec.modality == "pdf":
-                    self.counts["pii_replaced"] += h["count"]
+                self.counts[removed_kind(ctx.spec.modality, h)] += h["count"]
         self.progress(f"ingest {ctx.session_id}/{ctx.spec.id} ({ctx.spec.modality}): {job.events} events, "
                       f"{row['status']}")
 
@@ -298,6 +295,7 @@ class Runner:
                 "drift_alarms": c["drift_alarms"],
                 "faces_blurred": c["faces_blurred"],
                 "pii_replaced": c["pii_replaced"],
+                "frame_text_blurred": c["frame_text_blurred"],
                 "features": {g: c[f"features_{g}"] for g in ("frame", "roi", "patch")},
                 "cache": {k: cache_stats[k] for k in ("hits", "misses", "hit_rate")},
                 "quarantined": c["quarantined"],
@@ -314,6 +312,15 @@ class Runner:
             "config": self.config.model_dump(mode="json"),
             "exit_code": EXIT_QUARANTINED if c["quarantined"] else EXIT_OK,
         }
+
+
+def removed_kind(modality: str, header: dict) -> str:
+    """The run.json counter a de-identification header adds to."""
+    if modality == "video":
+        return "faces_blurred" if header["detector"].startswith("mediapipe") else "frame_text_blurred"
+    if modality == "pdf":
+        return "pii_replaced"
+    return "voice_" + header["method"]
 
 
 def build_indexes(layout: OutputLayout) -> list[dict]:

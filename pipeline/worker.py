@@ -102,11 +102,16 @@ class IngestWorker:
             return PdfTextOperator(cfg.ingest.pdf)
         if name == "face":
             from operators.deid.faces import FaceBlurConfig, FaceBlurOperator
-            from operators.deid.keystore import KeyStore
 
-            # A sub-key of the tenant key: deleting the tenant key also retires the permutation.
-            secret = hmac.new(KeyStore(self.key_store_dir).key(tenant), b"face-permutation", hashlib.sha256).digest()
-            return FaceBlurOperator(FaceBlurConfig(face=pol.face, policy_tag=pol.tag, secret=secret))
+            return FaceBlurOperator(FaceBlurConfig(face=pol.face, policy_tag=pol.tag,
+                                                   secret=self._subkey(tenant, b"face-permutation")))
+        if name == "frame_text":
+            from operators.deid.frame_text import FrameTextOperator, config_from_policy
+
+            ft = pol.frame_text
+            return FrameTextOperator(config_from_policy(pol, self._subkey(tenant, b"frame-text-permutation"),
+                                                        ocr_fps=ft.ocr_fps,
+                                                        **({"action": "keep"} if ft.action == "keep" else {})))
         if name == "text":
             from operators.deid.text import TextPiiConfig, TextPiiOperator
 
@@ -119,6 +124,12 @@ class IngestWorker:
                                                          sample_rate_hz=cfg.ingest.audio.sample_rate_hz))
         raise KeyError(name)
 
+    def _subkey(self, tenant: str, purpose: bytes) -> bytes:
+        """A sub-key of the tenant key: deleting the tenant key also retires what it keyed."""
+        from operators.deid.keystore import KeyStore
+
+        return hmac.new(KeyStore(self.key_store_dir).key(tenant), purpose, hashlib.sha256).digest()
+
     # -- one source -----------------------------------------------------------------------
     def ingest(
         self, ctx: SourceContext, tenant: str = "default", subjects: tuple[str, ...] = (),
@@ -129,7 +140,7 @@ class IngestWorker:
             ctx, clock_item = self._clock(ctx, *reference)
             yield clock_item
         modality = ctx.spec.modality
-        chain = {"video": ("video", "face"), "audio": ("audio", "voice"), "pdf": ("pdf", "text")}[modality]
+        chain = {"video": ("video", "face", "frame_text"), "audio": ("audio", "voice"), "pdf": ("pdf", "text")}[modality]
         ops = [self._op(n, tenant) for n in chain]
         lineage = dict(
             session_id=ctx.session_id, source_id=ctx.spec.id, source_uri=ctx.uri, source_version=ctx.version,
@@ -200,10 +211,13 @@ class IngestWorker:
 
     @staticmethod
     def _count_deid(stats: dict, table: pa.Table) -> None:
-        for h in table.column("deid").to_pylist():
-            key = (h["method"], h["detector"])
-            agg = stats["deid"].setdefault(key, dict(h, count=0))
-            agg["count"] += h["count"]
+        """Sum the de-identification headers (faces, frame text, text, voice) per method and detector."""
+        for col in ("deid", "text_deid"):
+            if col not in table.column_names:
+                continue
+            for h in table.column(col).to_pylist():
+                agg = stats["deid"].setdefault((h["method"], h["detector"]), dict(h, count=0))
+                agg["count"] += h["count"]
 
     def _event_table(self, modality: str, clean: pa.Table, lineage: dict) -> pa.Table:
         if modality == "video":

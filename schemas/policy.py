@@ -116,15 +116,28 @@ class TextPolicy(_Strict):
         return self.min_scores.get(kind, self.min_score)  # type: ignore[call-overload]
 
 
+class FrameTextPolicy(_Strict):
+    """Personal data shown as text inside video frames (a slide on screen, a badge).
+
+    Frames are OCRed at ``ocr_fps``; the text policy's entity kinds found there are blurred
+    and permuted in place. Text on screen for less than ``1 / ocr_fps`` can be missed.
+    """
+
+    action: Literal["blur_permute", "keep"] = "blur_permute"
+    ocr_fps: float = Field(4.0, gt=0, le=30, description="frames OCRed per second of video (plus each batch's ends)")
+    legal_basis: str = Field("", description="free-text note recorded with the policy")
+
+
 class DeidPolicy(_Strict):
     """Versioned de-identification policy for all modalities."""
 
     policy_id: str = Field("modalign-default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-    version: str = Field("2", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+    version: str = Field("3", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
     legal_basis: str = Field("", description="free-text note recorded with the policy")
     face: FacePolicy = FacePolicy()
     voice: VoicePolicy = VoicePolicy()
     text: TextPolicy = TextPolicy()
+    frame_text: FrameTextPolicy = FrameTextPolicy()
 
     @property
     def tag(self) -> str:

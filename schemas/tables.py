@@ -87,6 +87,8 @@ class VideoFrameRow(LineageColumns):
     frame_jpeg: bytes = Field(description="de-identified frame, JPEG")
     face_boxes: list[Box]
     deid: DeidHeader
+    text_boxes: list[Box] | None = Field(None, description="regions of personal data shown as text, blurred")
+    text_deid: DeidHeader | None = Field(None, description="what frame-text de-identification did")
 
 
 class MfccRow(LineageColumns):

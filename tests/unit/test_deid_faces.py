@@ -81,7 +81,7 @@ def test_face_detected_blurred_inside_identical_outside(op, canvas):
     assert diff[inside].mean() > 30
     assert np.array_equal(got[~inside], canvas[~inside])  # bit-identical outside the box
     assert out.column("deid")[0].as_py() == {
-        "policy": "modalign-default@2",
+        "policy": "modalign-default@3",
         "method": "blur_permute",
         "detector": "mediapipe-face-detection@0.10.21/full-range/tiles2",
         "count": 1,

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.unit
 
 def test_default_policy_tag_and_entities():
     pol = DeidPolicy()
-    assert pol.tag == DEFAULT_POLICY_TAG == "modalign-default@2"
+    assert pol.tag == DEFAULT_POLICY_TAG == "modalign-default@3"
     assert set(pol.text.entities) == set(ALL_TEXT_ENTITIES) >= {"address", "date_of_birth", "national_id"}
     assert (pol.face.action, pol.voice.action, pol.text.action) == ("blur_permute", "keep_mfcc", "pseudonymise")
 

@@ -1,0 +1,459 @@
+"""De-identification of personal data shown as text inside video frames (slides, badges).
+
+Data flow: ``operators.ingest`` video decode -> ``FaceBlurOperator`` -> **FrameTextOperator**
+-> JPEG encode and the aligner. Like faces, the raw pixels never leave the ingest process:
+each frame this operator returns has every box of on-screen personal data (names, e-mails,
+phones ... the kinds of ``operators.deid.text``) blurred then key-permuted with
+``operators.deid.faces.anonymise_region``. Pixels outside the boxes are bit-identical to the
+input, and a frame without personal data is returned bit-identical.
+
+Method. Per table, a few frames are OCRed: the first frame at or after each step of
+``1 / ocr_fps`` seconds on the session clock (``t_ns``), plus always the first and the last
+(valid) frame of the table, so every frame lies between two OCRed samples of the same
+table and no state is carried between tables. A sample is converted to grayscale,
+upscaled by ``ocr_scale`` (tesseract misses much of ~13 px text at 1x), capped at
+``ocr_max_pixels`` (default 1280x720: a 360p frame is read at 2x, a 720p frame at 1x,
+where 13 px text is read less well, to stay near real time on one core), encoded as PGM in
+memory and read by tesseract as a subprocess (stdin -> TSV on stdout, under the memory
+ceiling and timeout of ``operators.ingest.pdf.run_limited``; no image touches the disk).
+Words are grouped into lines (tesseract's block/paragraph/line), the lines of a block are
+joined by newlines and all blocks of all samples of the table go through one
+``detect_batch`` call (so OCR artefacts are handled as for PDFs, and a name found in one
+sample is also searched for in the others). Each detected span becomes the union of the
+boxes of its words on each line it touches, mapped back to frame pixels and padded by
+``pad_px``.
+
+Temporal rule: a frame gets the union of the boxes of the sample at or just before it and
+of the sample at or just after it (a sampled frame: its own boxes and both neighbours').
+Text that stays on screen for at least ``1 / ocr_fps`` (plus one frame interval) is in at
+least one of those two samples, so it is covered in every frame that shows it. Residual
+risk: text shown for a shorter time can fall between two samples and leak, and so can text
+tesseract does not read in any sample (very small, low-contrast, rotated or stylised
+text) or that ``find_pii`` does not recognise as personal data. A box covers the pixels
+where the text was OCRed: text that moves between two samples is covered only where the
+samples saw it.
+
+Failures: when tesseract fails, runs out of memory or times out on a sample, the whole
+table is withheld with ``ComplianceError`` naming the event id (never the text).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+from pydantic import Field
+
+from operators.base import OperatorConfig, TableOperator
+from operators.deid.faces import _event_ids, _first_str, _frame_array, _tensor_view, anonymise_region
+from operators.deid.text import RULES_VERSION, detect_batch, detector_name, load_nlp
+from operators.ingest.pdf import out_of_memory, run_limited
+from pipeline.errors import ComplianceError, DependencyMissingError, InputError, ModalignError
+from schemas.arrow import arrow_type
+from schemas.policy import ALL_TEXT_ENTITIES, DEFAULT_POLICY_TAG, DeidPolicy, TextEntity
+from schemas.tables import Box, DeidHeader
+
+FRAME = "frame"
+TEXT_BOXES = "text_boxes"
+TEXT_DEID = "text_deid"
+BOX_TYPE = arrow_type(Box)
+DEID_TYPE = arrow_type(DeidHeader)
+METHOD = "blur_permute"
+NS_PER_S = 1_000_000_000
+MERGE_IOU = 0.5  # near-identical boxes of the two neighbouring samples become one
+SALT_SUFFIX = "/frame_text"  # permutation salt = event_id + this (differs from the face boxes')
+
+BoxT = tuple[int, int, int, int, float]  # x0, y0, x1, y1 (frame pixels, end-exclusive), score
+
+
+class FrameTextConfig(OperatorConfig):
+    action: Literal["blur", "keep"] = Field("blur", description="keep: frames pass through, nothing is OCRed")
+    ocr_fps: float = Field(4.0, gt=0.0, le=1000.0, description="OCR samples per second of video (session clock)")
+    ocr_scale: float = Field(2.0, ge=1.0, le=4.0, description="upscale factor of a sample before OCR")
+    ocr_max_pixels: int = Field(
+        1280 * 720, ge=1, description="the upscale is capped so the OCRed image has at most this many pixels"
+    )
+    lang: str = Field("eng", pattern=r"^[A-Za-z_]+(\+[A-Za-z_]+)*$", description="tesseract language(s)")
+    psm: int = Field(11, ge=3, le=13, description="tesseract page segmentation mode; 11: sparse text")
+    ocr_timeout_s: float = Field(30.0, gt=0.0, description="per OCR sample")
+    subprocess_memory_mb: int = Field(1024, ge=64, description="RLIMIT_AS of the tesseract process")
+    min_conf: float = Field(30.0, ge=0.0, le=100.0, description="OCR words under this confidence are ignored")
+    pad_px: int = Field(4, ge=0, le=64, description="margin added around each text box (frame pixels)")
+    entities: tuple[TextEntity, ...] = Field(ALL_TEXT_ENTITIES, description="personal-data kinds looked for")
+    min_score: float = Field(0.5, ge=0.0, le=1.0, description="detector score threshold (TextPolicy.min_score)")
+    min_scores: dict[TextEntity, float] = Field(default_factory=dict, description="per-kind thresholds")
+    blur_sigma_ratio: float = Field(0.15, gt=0.0, le=1.0, description="Gaussian sigma / longer box side")
+    policy_tag: str = DEFAULT_POLICY_TAG
+    secret: bytes | None = Field(
+        None,
+        repr=False,
+        exclude=True,
+        description="permutation key; None: a random one per operator instance (setup)",
+    )
+
+
+def config_from_policy(policy: DeidPolicy, secret: bytes | None, **overrides: Any) -> FrameTextConfig:
+    """The operator's config under a de-identification policy: the text policy's entity kinds
+    and thresholds; ``keep`` only when the policy keeps every entity kind it detects."""
+    text = policy.text
+    keep = all(text.action_for(kind) == "keep" for kind in text.entities)
+    fields: dict[str, Any] = dict(action="keep" if keep else "blur", entities=text.entities,
+                                  min_score=text.min_score, min_scores=dict(text.min_scores),
+                                  policy_tag=policy.tag, secret=secret)
+    fields.update(overrides)
+    return FrameTextConfig(**fields)
+
+
+@dataclass(frozen=True)
+class OcrWord:
+    """One word read by tesseract; box in frame pixels (already divided by the OCR scale)."""
+
+    text: str
+    x0: int
+    y0: int
+    x1: int
+    y1: int
+    conf: float
+
+
+class FrameTextOperator(TableOperator[FrameTextConfig]):
+    """OCR sampled frames, find personal data in the text, blur+permute it in every frame.
+
+    Input: ``frame`` (fixed_shape_tensor uint8 [H, W, 3], RGB), ``t_ns`` (int64, session
+    clock; without it every frame is OCRed) and ``event_id`` plus any other columns (the
+    face operator's ``face_boxes`` and ``deid`` included), which pass through unchanged.
+    Output: the same columns with ``frame`` in a new buffer where text was removed, plus
+    ``text_boxes`` (list<Box>: boxes anonymised in that frame, padded, with the detector
+    score) and ``text_deid`` (a DeidHeader: method ``blur_permute`` or ``keep``,
+    detector ``tesseract@<ver>+<text detector>``, count = boxes). ``deid`` (the faces')
+    is left as it is.
+    """
+
+    kind = "frame_text"
+    version = "0.1.0"
+    config_model = FrameTextConfig
+
+    def __init__(self, config: FrameTextConfig | None = None) -> None:
+        super().__init__(config)
+        self._secret = b""
+        self._tesseract: str | None = None
+        self._tess_version = "?"
+        self._env: dict[str, str] = {}
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def setup(self) -> None:
+        cfg = self.config
+        self._secret = cfg.secret if cfg.secret is not None else os.urandom(32)
+        if cfg.action != "keep":
+            self._tesseract = shutil.which("tesseract")
+            if self._tesseract is None:
+                raise DependencyMissingError("the tesseract binary", apt="tesseract-ocr tesseract-ocr-eng")
+            try:
+                langs = subprocess.run([self._tesseract, "--list-langs"], capture_output=True, text=True,
+                                       timeout=30).stdout.split()
+                ver = subprocess.run([self._tesseract, "--version"], capture_output=True, text=True, timeout=30)
+            except (OSError, subprocess.SubprocessError):
+                raise DependencyMissingError("a working tesseract binary", apt="tesseract-ocr") from None
+            for lang in cfg.lang.split("+"):
+                if lang not in langs:
+                    raise DependencyMissingError(f"tesseract language data {lang!r}", apt=f"tesseract-ocr-{lang}")
+            m = re.search(r"tesseract\s+v?(\S+)", (ver.stdout or "") + (ver.stderr or ""))
+            self._tess_version = m.group(1) if m else "?"
+            self._env = {**os.environ, "OMP_THREAD_LIMIT": "1"}  # one core per actor
+            if "person" in cfg.entities:
+                load_nlp()
+        self._ready = True
+
+    @property
+    def detector_name(self) -> str:
+        if self.config.action == "keep":
+            return "none"
+        text = detector_name() if "person" in self.config.entities else RULES_VERSION
+        return f"tesseract@{self._tess_version}+{text}"
+
+    def output_schema(self, input_schema: pa.Schema) -> pa.Schema:
+        schema = input_schema
+        for name in (TEXT_BOXES, TEXT_DEID):
+            idx = schema.get_field_index(name)
+            if idx >= 0:
+                schema = schema.remove(idx)
+        return schema.append(pa.field(TEXT_BOXES, pa.list_(BOX_TYPE))).append(pa.field(TEXT_DEID, DEID_TYPE))
+
+    # -- processing ----------------------------------------------------------------------
+    def process(self, table: pa.Table) -> pa.Table:
+        self.ensure_setup()
+        try:
+            frames = _frame_array(table)
+        except InputError as exc:  # same checks as the face operator, under this stage's name
+            raise InputError(exc.message.replace("face_blur", self.kind), stage=self.kind, code=exc.code) from None
+        n = len(frames)
+        if self.config.action == "keep" or n == 0:
+            return self._assemble(table, frames, [[] for _ in range(n)], method="keep")
+        try:
+            return self._blur(table, frames)
+        except ModalignError:
+            raise
+        except Exception as exc:  # never let a message carrying OCR text escape
+            ids = _event_ids(table)
+            raise ComplianceError(
+                f"frame text de-identification failed ({type(exc).__name__}) in the table starting at event "
+                f"{ids[0]}; the frames are withheld, not written raw",
+                source_uri=_first_str(table, "source_uri"),
+                stage=self.kind,
+            ) from None
+
+    def _blur(self, table: pa.Table, frames: pa.ExtensionArray) -> pa.Table:
+        cfg = self.config
+        n = len(frames)
+        h, w = int(frames.type.shape[0]), int(frames.type.shape[1])
+        imgs, valid = _tensor_view(frames)
+        ids = _event_ids(table)
+        t_ns = table.column("t_ns").to_numpy(zero_copy_only=False) if "t_ns" in table.column_names else None
+        samples = sample_rows(t_ns, valid, cfg.ocr_fps)
+
+        # OCR every sample, then one detection call over all their blocks.
+        texts: list[str] = []
+        owners: list[tuple[int, list[tuple[int, int, int, OcrWord]]]] = []  # (sample, [(start, end, line, word)])
+        for s in samples:
+            words = self._ocr(imgs[s], ids[s], table)
+            for block in _group_blocks(words):
+                text, spans = _block_text(block)
+                texts.append(text)
+                owners.append((s, spans))
+        detected: dict[int, list[BoxT]] = {s: [] for s in samples}
+        if texts:
+            found = detect_batch(texts, cfg.entities, cfg.min_score, cfg.min_scores)
+            for (s, spans), pii in zip(owners, found):
+                for span in pii:
+                    detected[s].extend(_span_boxes(spans, span.start, span.end, float(span.score), cfg.pad_px, w, h))
+
+        applied = spread(samples, detected, n, valid)
+        if not any(applied):
+            return self._assemble(table, frames, applied, method=METHOD)
+        out = imgs.copy()  # new buffer: the input's (read-only) Arrow buffer is never written
+        for i in range(n):
+            for b in applied[i]:
+                anonymise_region(out[i], b, self._secret, ids[i] + SALT_SUFFIX, cfg.blur_sigma_ratio)
+        storage = pa.FixedSizeListArray.from_arrays(
+            pa.array(out.reshape(-1), type=pa.uint8()),
+            int(np.prod(out.shape[1:])),
+            mask=None if frames.null_count == 0 else pa.array(~valid),
+        )
+        new_frames = pa.ExtensionArray.from_storage(frames.type, storage)
+        return self._assemble(table, new_frames, applied, method=METHOD)
+
+    def _ocr(self, rgb: np.ndarray, event_id: str, table: pa.Table) -> list[tuple[tuple[int, int, int], OcrWord]]:
+        """Words tesseract reads in one frame (boxes in frame pixels); ComplianceError if it fails."""
+        cfg = self.config
+        scale = ocr_scale_for(rgb.shape[1], rgb.shape[0], cfg.ocr_scale, cfg.ocr_max_pixels)
+        pgm = encode_pgm(rgb, scale)
+        cmd = [self._tesseract or "tesseract", "stdin", "stdout", "-l", cfg.lang, "--psm", str(cfg.psm),
+               "--dpi", str(int(round(72 * scale))), "tsv"]
+        why = None
+        try:
+            proc = run_limited(cmd, input=pgm, timeout=cfg.ocr_timeout_s, memory_mb=cfg.subprocess_memory_mb,
+                               env=self._env)
+        except subprocess.TimeoutExpired:
+            why = f"OCR ran over {cfg.ocr_timeout_s:.0f} s"
+        except OSError as exc:
+            why = f"tesseract could not start ({type(exc).__name__})"
+        else:
+            if proc.returncode != 0:
+                why = (f"OCR hit the memory ceiling of {cfg.subprocess_memory_mb} MB" if out_of_memory(proc)
+                       else f"tesseract exited with {proc.returncode}")
+        if why is not None:
+            raise ComplianceError(
+                f"{why} on event {event_id}; the frames of this table are withheld, not written raw",
+                source_uri=_first_str(table, "source_uri"),
+                stage=self.kind,
+            )
+        return parse_tsv(proc.stdout, scale, cfg.min_conf)
+
+    def _assemble(self, table: pa.Table, frames: pa.Array, applied: list[list[BoxT]], method: str) -> pa.Table:
+        idx = table.schema.get_field_index(FRAME)
+        out = table.set_column(idx, table.schema.field(idx), frames)
+        for name in (TEXT_BOXES, TEXT_DEID):
+            j = out.schema.get_field_index(name)
+            if j >= 0:
+                out = out.remove_column(j)
+        boxes = pa.array(
+            [[{"x0": b[0], "y0": b[1], "x1": b[2], "y1": b[3], "score": b[4]} for b in bs] for bs in applied],
+            type=pa.list_(BOX_TYPE),
+        )
+        detector = self.detector_name
+        headers = pa.array(
+            [
+                {"policy": self.config.policy_tag, "method": method, "detector": detector, "count": len(bs),
+                 "threshold": self.config.min_score}
+                for bs in applied
+            ],
+            type=DEID_TYPE,
+        )
+        return out.append_column(pa.field(TEXT_BOXES, boxes.type), boxes).append_column(
+            pa.field(TEXT_DEID, DEID_TYPE), headers
+        )
+
+
+# -- sampling and the temporal rule -------------------------------------------------------------
+def sample_rows(t_ns: np.ndarray | None, valid: np.ndarray, ocr_fps: float) -> list[int]:
+    """Rows to OCR: the first valid row at or after each ``1/ocr_fps`` step of the session
+    clock, plus the first and last valid rows. Without ``t_ns`` every valid row is sampled."""
+    rows = [i for i in range(len(valid)) if valid[i]]
+    if not rows or t_ns is None:
+        return rows
+    picked = {rows[0], rows[-1]}
+    last_step = None
+    for i in rows:  # a row is picked when it is the first at or after a new step boundary
+        step = math.floor(int(t_ns[i]) * ocr_fps / NS_PER_S)
+        if last_step is None or step > last_step:
+            picked.add(i)
+            last_step = step
+    return sorted(picked)
+
+
+def spread(samples: list[int], detected: dict[int, list[BoxT]], n: int, valid: np.ndarray) -> list[list[BoxT]]:
+    """Boxes per row: the union of the sample at/before and the sample at/after the row;
+    a sampled row also gets both neighbouring samples' boxes."""
+    out: list[list[BoxT]] = [[] for _ in range(n)]
+    if not samples:
+        return out
+    k = 0
+    for i in range(n):
+        if not valid[i]:
+            continue
+        while k + 1 < len(samples) and samples[k + 1] <= i:
+            k += 1
+        if samples[k] == i:
+            src = [samples[j] for j in (k - 1, k, k + 1) if 0 <= j < len(samples)]
+        elif samples[k] < i:
+            src = [samples[k]] + ([samples[k + 1]] if k + 1 < len(samples) else [])
+        else:  # before the first sample (cannot happen: the first valid row is sampled)
+            src = [samples[k]]
+        pool: list[BoxT] = []
+        for s in src:
+            pool.extend(detected.get(s, ()))
+        out[i] = merge_boxes(pool)
+    return out
+
+
+def merge_boxes(boxes: list[BoxT]) -> list[BoxT]:
+    """Union near-identical boxes (IoU > MERGE_IOU, or one inside the other); others stay apart
+    so that two PII lines do not grow into one box over the non-PII text between them."""
+    boxes = sorted(set(boxes))
+    changed = True
+    while changed and len(boxes) > 1:
+        changed = False
+        for i in range(len(boxes)):
+            for j in range(i + 1, len(boxes)):
+                a, b = boxes[i], boxes[j]
+                ix = max(0, min(a[2], b[2]) - max(a[0], b[0]))
+                iy = max(0, min(a[3], b[3]) - max(a[1], b[1]))
+                inter = ix * iy
+                if inter == 0:
+                    continue
+                aa = (a[2] - a[0]) * (a[3] - a[1])
+                ab = (b[2] - b[0]) * (b[3] - b[1])
+                if inter / (aa + ab - inter) > MERGE_IOU or inter >= 0.95 * min(aa, ab):
+                    u = (min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3]), max(a[4], b[4]))
+                    boxes = [x for m, x in enumerate(boxes) if m not in (i, j)] + [u]
+                    changed = True
+                    break
+            if changed:
+                break
+    return sorted(boxes)
+
+
+# -- OCR helpers ------------------------------------------------------------------------------
+def ocr_scale_for(w: int, h: int, scale: float, max_pixels: int) -> float:
+    """``scale``, lowered so that the upscaled image has at most ``max_pixels``; never below 1."""
+    return max(1.0, min(scale, math.sqrt(max_pixels / max(1, w * h))))
+
+
+def encode_pgm(rgb: np.ndarray, scale: float = 1.0) -> bytes:
+    """Binary PGM (P5) of the frame in grayscale (BT.601 luma), upscaled by ``scale`` (cubic)."""
+    import cv2
+
+    gray = cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2GRAY)
+    if scale != 1.0:
+        gray = cv2.resize(gray, None, fx=scale, fy=scale, interpolation=cv2.INTER_CUBIC)
+    h, w = gray.shape
+    return b"P5\n%d %d\n255\n" % (w, h) + gray.tobytes()
+
+
+def parse_tsv(tsv: bytes, scale: float, min_conf: float) -> list[tuple[tuple[int, int, int], OcrWord]]:
+    """Words of a tesseract TSV with their (block, paragraph, line) key; boxes divided by ``scale``
+    (outward rounding) into frame pixels."""
+    out = []
+    for row in tsv.decode("utf-8", "replace").splitlines()[1:]:
+        cols = row.split("\t", 11)
+        if len(cols) < 12 or cols[0] != "5" or not cols[11].strip():
+            continue
+        conf = float(cols[10])
+        if conf < min_conf:
+            continue
+        x, y, bw, bh = (int(c) for c in cols[6:10])
+        word = OcrWord(cols[11].strip(), int(math.floor(x / scale)), int(math.floor(y / scale)),
+                       int(math.ceil((x + bw) / scale)), int(math.ceil((y + bh) / scale)), conf)
+        out.append(((int(cols[2]), int(cols[3]), int(cols[4])), word))
+    return out
+
+
+def _group_blocks(words: list[tuple[tuple[int, int, int], OcrWord]]) -> list[list[list[OcrWord]]]:
+    """Blocks (tesseract's) of lines of words, in reading order."""
+    blocks: dict[int, dict[tuple[int, int], list[OcrWord]]] = {}
+    for (b, p, ln), word in words:
+        blocks.setdefault(b, {}).setdefault((p, ln), []).append(word)
+    return [list(lines.values()) for lines in blocks.values()]
+
+
+def _block_text(lines: list[list[OcrWord]]) -> tuple[str, list[tuple[int, int, int, OcrWord]]]:
+    """The block's text (words joined by spaces, lines by newlines) and each word's
+    (start, end, line number, word) in that text."""
+    parts: list[str] = []
+    spans: list[tuple[int, int, int, OcrWord]] = []
+    pos = 0
+    for ln, line in enumerate(lines):
+        if ln:
+            parts.append("\n")
+            pos += 1
+        for k, word in enumerate(line):
+            if k:
+                parts.append(" ")
+                pos += 1
+            parts.append(word.text)
+            spans.append((pos, pos + len(word.text), ln, word))
+            pos += len(word.text)
+    return "".join(parts), spans
+
+
+def _span_boxes(spans: list[tuple[int, int, int, OcrWord]], start: int, end: int, score: float, pad: int,
+                w: int, h: int) -> list[BoxT]:
+    """One padded box per line touched by the character span ``[start, end)``: the union of
+    the boxes of the words it overlaps (a partly covered word is covered whole)."""
+    per_line: dict[int, list[int]] = {}
+    for s, e, ln, word in spans:
+        if s < end and e > start:
+            cur = per_line.get(ln)
+            if cur is None:
+                per_line[ln] = [word.x0, word.y0, word.x1, word.y1]
+            else:
+                cur[0], cur[1] = min(cur[0], word.x0), min(cur[1], word.y0)
+                cur[2], cur[3] = max(cur[2], word.x1), max(cur[3], word.y1)
+    out = []
+    for x0, y0, x1, y1 in per_line.values():
+        bx0, by0 = max(0, x0 - pad), max(0, y0 - pad)
+        bx1, by1 = min(w, x1 + pad), min(h, y1 + pad)
+        if bx1 > bx0 and by1 > by0:
+            out.append((bx0, by0, bx1, by1, score))
+    return out
+
+
+__all__ = ["FrameTextConfig", "FrameTextOperator", "config_from_policy", "encode_pgm", "merge_boxes",
+           "ocr_scale_for", "parse_tsv", "sample_rows", "spread"]
