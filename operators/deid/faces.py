@@ -257,16 +257,16 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
     # -- processing ----------------------------------------------------------------------
     def process(self, table: pa.Table) -> pa.Table:
         self.ensure_setup()
-        frames = _frame_array(table)
+        frames = frame_array(table)
         n = len(frames)
         pol = self.config.face
-        ids = _event_ids(table)
+        ids = event_ids(table)
         if pol.action == "keep" or n == 0:
             applied: list[list[BoxT]] = [[] for _ in range(n)]
             return self._assemble(table, frames, applied, method=pol.action)
 
         h, w = frames.type.shape[0], frames.type.shape[1]
-        imgs, valid = _tensor_view(frames)
+        imgs, valid = tensor_view(frames)
         detected: list[list[BoxT]] = []
         tiled = _tiled_rows(table, n, pol.tile_every)
         for i in range(n):
@@ -278,7 +278,7 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
             except Exception:
                 raise ComplianceError(
                     f"face detection failed on event {ids[i]}; the frame is withheld, not written raw",
-                    source_uri=_first_str(table, "source_uri"),
+                    source_uri=first_str(table, "source_uri"),
                     stage=self.kind,
                 ) from None
             detected.append(_pad_clip(raw, pol.pad_ratio, w, h, pol.min_score))
@@ -362,7 +362,8 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
 
 
 # -- helpers ---------------------------------------------------------------------------------
-def _frame_array(table: pa.Table) -> pa.ExtensionArray:
+def frame_array(table: pa.Table) -> pa.ExtensionArray:
+    """The ``frame`` column as one fixed-shape tensor array (InputError if absent or not uint8 RGB)."""
     if FRAME not in table.column_names:
         raise InputError(f"face_blur needs a {FRAME!r} column", stage="face_blur", code="bad_batch")
     col = table.column(FRAME)
@@ -382,7 +383,7 @@ def _frame_array(table: pa.Table) -> pa.ExtensionArray:
     return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
 
 
-def _tensor_view(frames: pa.ExtensionArray) -> tuple[np.ndarray, np.ndarray]:
+def tensor_view(frames: pa.ExtensionArray) -> tuple[np.ndarray, np.ndarray]:
     """(N, H, W, 3) read-only view of the frames (no copy) and a validity mask."""
     shape = tuple(frames.type.shape)
     size = int(np.prod(shape))
@@ -394,13 +395,15 @@ def _tensor_view(frames: pa.ExtensionArray) -> tuple[np.ndarray, np.ndarray]:
     return arr, valid
 
 
-def _event_ids(table: pa.Table) -> list[str]:
+def event_ids(table: pa.Table) -> list[str]:
+    """Event id per row (``row-i`` where absent): names frames in errors, salts permutations."""
     if "event_id" in table.column_names:
         return [str(x) if x is not None else f"row-{i}" for i, x in enumerate(table.column("event_id").to_pylist())]
     return [f"row-{i}" for i in range(table.num_rows)]
 
 
-def _first_str(table: pa.Table, name: str) -> str | None:
+def first_str(table: pa.Table, name: str) -> str | None:
+    """The first row's value of a string column, or None."""
     if name in table.column_names and table.num_rows:
         v = table.column(name)[0].as_py()
         return str(v) if v is not None else None

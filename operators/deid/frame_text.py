@@ -52,7 +52,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from operators.base import OperatorConfig, TableOperator
-from operators.deid.faces import _event_ids, _first_str, _frame_array, _tensor_view, anonymise_region
+from operators.deid.faces import event_ids, first_str, frame_array, tensor_view, anonymise_region
 from operators.deid.text import RULES_VERSION, detect_batch, detector_name, load_nlp
 from operators.ingest.pdf import out_of_memory, run_limited
 from pipeline.errors import ComplianceError, DependencyMissingError, InputError, ModalignError
@@ -190,7 +190,7 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
     def process(self, table: pa.Table) -> pa.Table:
         self.ensure_setup()
         try:
-            frames = _frame_array(table)
+            frames = frame_array(table)
         except InputError as exc:  # same checks as the face operator, under this stage's name
             raise InputError(exc.message.replace("face_blur", self.kind), stage=self.kind, code=exc.code) from None
         n = len(frames)
@@ -201,11 +201,11 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
         except ModalignError:
             raise
         except Exception as exc:  # never let a message carrying OCR text escape
-            ids = _event_ids(table)
+            ids = event_ids(table)
             raise ComplianceError(
                 f"frame text de-identification failed ({type(exc).__name__}) in the table starting at event "
                 f"{ids[0]}; the frames are withheld, not written raw",
-                source_uri=_first_str(table, "source_uri"),
+                source_uri=first_str(table, "source_uri"),
                 stage=self.kind,
             ) from None
 
@@ -213,8 +213,8 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
         cfg = self.config
         n = len(frames)
         h, w = int(frames.type.shape[0]), int(frames.type.shape[1])
-        imgs, valid = _tensor_view(frames)
-        ids = _event_ids(table)
+        imgs, valid = tensor_view(frames)
+        ids = event_ids(table)
         t_ns = table.column("t_ns").to_numpy(zero_copy_only=False) if "t_ns" in table.column_names else None
         samples = sample_rows(t_ns, valid, cfg.ocr_fps)
 
@@ -271,7 +271,7 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
         if why is not None:
             raise ComplianceError(
                 f"{why} on event {event_id}; the frames of this table are withheld, not written raw",
-                source_uri=_first_str(table, "source_uri"),
+                source_uri=first_str(table, "source_uri"),
                 stage=self.kind,
             )
         return parse_tsv(proc.stdout, scale, cfg.min_conf)
