@@ -247,12 +247,7 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
         return getattr(self._detector, "name", "mediapipe-face-detection")
 
     def output_schema(self, input_schema: pa.Schema) -> pa.Schema:
-        schema = input_schema
-        for name in (FACE_BOXES, DEID):
-            idx = schema.get_field_index(name)
-            if idx >= 0:
-                schema = schema.remove(idx)
-        return schema.append(pa.field(FACE_BOXES, pa.list_(BOX_TYPE))).append(pa.field(DEID, DEID_TYPE))
+        return region_schema(input_schema, FACE_BOXES, DEID)
 
     # -- processing ----------------------------------------------------------------------
     def process(self, table: pa.Table) -> pa.Table:
@@ -291,13 +286,7 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
                     mask_region(out[i], b)
                 else:
                     anonymise_region(out[i], b, self._secret, ids[i], pol.blur_sigma_ratio)
-        storage = pa.FixedSizeListArray.from_arrays(
-            pa.array(out.reshape(-1), type=pa.uint8()),
-            int(np.prod(out.shape[1:])),
-            mask=None if frames.null_count == 0 else pa.array(~valid),
-        )
-        new_frames = pa.ExtensionArray.from_storage(frames.type, storage)
-        return self._assemble(table, new_frames, applied, method=pol.action)
+        return self._assemble(table, frames_like(frames, out, valid), applied, method=pol.action)
 
     def _spread(self, table: pa.Table, detected: list[list[BoxT]], shape: tuple[int, int]) -> list[list[BoxT]]:
         """Boxes to anonymise per frame: own detections, neighbours' within the window, carry."""
@@ -332,36 +321,49 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
         return [_merge(p) for p in pools]
 
     def _assemble(self, table: pa.Table, frames: pa.Array, applied: list[list[BoxT]], method: str) -> pa.Table:
-        pol = self.config.face
-        idx = table.schema.get_field_index(FRAME)
-        out = table.set_column(idx, table.schema.field(idx), frames)
-        for name in (FACE_BOXES, DEID):
-            j = out.schema.get_field_index(name)
-            if j >= 0:
-                out = out.remove_column(j)
-        boxes = pa.array(
-            [[{"x0": b[0], "y0": b[1], "x1": b[2], "y1": b[3], "score": b[4]} for b in bs] for bs in applied],
-            type=pa.list_(BOX_TYPE),
-        )
-        headers = pa.array(
-            [
-                {
-                    "policy": self.config.policy_tag,
-                    "method": method,
-                    "detector": self.detector_name,
-                    "count": len(bs),
-                    "threshold": pol.min_score,
-                }
-                for bs in applied
-            ],
-            type=DEID_TYPE,
-        )
-        return out.append_column(pa.field(FACE_BOXES, boxes.type), boxes).append_column(
-            pa.field(DEID, DEID_TYPE), headers
-        )
+        header = {"policy": self.config.policy_tag, "method": method, "detector": self.detector_name,
+                  "threshold": self.config.face.min_score}
+        return with_regions(table, frames, applied, header, FACE_BOXES, DEID)
 
 
 # -- helpers ---------------------------------------------------------------------------------
+def region_schema(schema: pa.Schema, boxes_col: str, deid_col: str) -> pa.Schema:
+    """``schema`` with (fresh) columns for the removed regions' boxes and their de-id header."""
+    for name in (boxes_col, deid_col):
+        idx = schema.get_field_index(name)
+        if idx >= 0:
+            schema = schema.remove(idx)
+    return schema.append(pa.field(boxes_col, pa.list_(BOX_TYPE))).append(pa.field(deid_col, DEID_TYPE))
+
+
+def frames_like(frames: pa.ExtensionArray, pixels: np.ndarray, valid: np.ndarray) -> pa.ExtensionArray:
+    """A tensor array of ``frames``' type over new ``pixels`` (N, H, W, 3), nulls where not ``valid``."""
+    storage = pa.FixedSizeListArray.from_arrays(
+        pa.array(pixels.reshape(-1), type=pa.uint8()),
+        int(np.prod(pixels.shape[1:])),
+        mask=None if frames.null_count == 0 else pa.array(~valid),
+    )
+    return pa.ExtensionArray.from_storage(frames.type, storage)
+
+
+def with_regions(table: pa.Table, frames: pa.Array, applied: list[list[BoxT]], header: dict,
+                 boxes_col: str, deid_col: str) -> pa.Table:
+    """``table`` with ``frames`` in place of its frame column, plus per-row boxes and headers
+    (``header`` without ``count``: the count is each row's number of boxes)."""
+    idx = table.schema.get_field_index(FRAME)
+    out = table.set_column(idx, table.schema.field(idx), frames)
+    for name in (boxes_col, deid_col):
+        j = out.schema.get_field_index(name)
+        if j >= 0:
+            out = out.remove_column(j)
+    boxes = pa.array(
+        [[{"x0": b[0], "y0": b[1], "x1": b[2], "y1": b[3], "score": b[4]} for b in bs] for bs in applied],
+        type=pa.list_(BOX_TYPE),
+    )
+    headers = pa.array([dict(header, count=len(bs)) for bs in applied], type=DEID_TYPE)
+    return out.append_column(pa.field(boxes_col, boxes.type), boxes).append_column(pa.field(deid_col, DEID_TYPE), headers)
+
+
 def frame_array(table: pa.Table) -> pa.ExtensionArray:
     """The ``frame`` column as one fixed-shape tensor array (InputError if absent or not uint8 RGB)."""
     if FRAME not in table.column_names:

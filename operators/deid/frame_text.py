@@ -52,19 +52,15 @@ import pyarrow as pa
 from pydantic import Field
 
 from operators.base import OperatorConfig, TableOperator
-from operators.deid.faces import event_ids, first_str, frame_array, tensor_view, anonymise_region
+from operators.deid.faces import (anonymise_region, event_ids, first_str, frame_array, frames_like, region_schema,
+                                  tensor_view, with_regions)
 from operators.deid.text import RULES_VERSION, detect_batch, detector_name, load_nlp
 from operators.ingest.pdf import out_of_memory, run_limited
 from pipeline.errors import ComplianceError, DependencyMissingError, InputError, ModalignError
-from schemas.arrow import arrow_type
 from schemas.policy import ALL_TEXT_ENTITIES, DEFAULT_POLICY_TAG, DeidPolicy, TextEntity
-from schemas.tables import Box, DeidHeader
 
-FRAME = "frame"
 TEXT_BOXES = "text_boxes"
 TEXT_DEID = "text_deid"
-BOX_TYPE = arrow_type(Box)
-DEID_TYPE = arrow_type(DeidHeader)
 METHOD = "blur_permute"
 NS_PER_S = 1_000_000_000
 MERGE_IOU = 0.5  # near-identical boxes of the two neighbouring samples become one
@@ -179,12 +175,7 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
         return f"tesseract@{self._tess_version}+{text}"
 
     def output_schema(self, input_schema: pa.Schema) -> pa.Schema:
-        schema = input_schema
-        for name in (TEXT_BOXES, TEXT_DEID):
-            idx = schema.get_field_index(name)
-            if idx >= 0:
-                schema = schema.remove(idx)
-        return schema.append(pa.field(TEXT_BOXES, pa.list_(BOX_TYPE))).append(pa.field(TEXT_DEID, DEID_TYPE))
+        return region_schema(input_schema, TEXT_BOXES, TEXT_DEID)
 
     # -- processing ----------------------------------------------------------------------
     def process(self, table: pa.Table) -> pa.Table:
@@ -241,13 +232,7 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
         for i in range(n):
             for b in applied[i]:
                 anonymise_region(out[i], b, self._secret, ids[i] + SALT_SUFFIX, cfg.blur_sigma_ratio)
-        storage = pa.FixedSizeListArray.from_arrays(
-            pa.array(out.reshape(-1), type=pa.uint8()),
-            int(np.prod(out.shape[1:])),
-            mask=None if frames.null_count == 0 else pa.array(~valid),
-        )
-        new_frames = pa.ExtensionArray.from_storage(frames.type, storage)
-        return self._assemble(table, new_frames, applied, method=METHOD)
+        return self._assemble(table, frames_like(frames, out, valid), applied, method=METHOD)
 
     def _ocr(self, rgb: np.ndarray, event_id: str, table: pa.Table) -> list[tuple[tuple[int, int, int], OcrWord]]:
         """Words tesseract reads in one frame (boxes in frame pixels); ComplianceError if it fails."""
@@ -277,28 +262,9 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
         return parse_tsv(proc.stdout, scale, cfg.min_conf)
 
     def _assemble(self, table: pa.Table, frames: pa.Array, applied: list[list[BoxT]], method: str) -> pa.Table:
-        idx = table.schema.get_field_index(FRAME)
-        out = table.set_column(idx, table.schema.field(idx), frames)
-        for name in (TEXT_BOXES, TEXT_DEID):
-            j = out.schema.get_field_index(name)
-            if j >= 0:
-                out = out.remove_column(j)
-        boxes = pa.array(
-            [[{"x0": b[0], "y0": b[1], "x1": b[2], "y1": b[3], "score": b[4]} for b in bs] for bs in applied],
-            type=pa.list_(BOX_TYPE),
-        )
-        detector = self.detector_name
-        headers = pa.array(
-            [
-                {"policy": self.config.policy_tag, "method": method, "detector": detector, "count": len(bs),
-                 "threshold": self.config.min_score}
-                for bs in applied
-            ],
-            type=DEID_TYPE,
-        )
-        return out.append_column(pa.field(TEXT_BOXES, boxes.type), boxes).append_column(
-            pa.field(TEXT_DEID, DEID_TYPE), headers
-        )
+        header = {"policy": self.config.policy_tag, "method": method, "detector": self.detector_name,
+                  "threshold": self.config.min_score}
+        return with_regions(table, frames, applied, header, TEXT_BOXES, TEXT_DEID)
 
 
 # -- sampling and the temporal rule -------------------------------------------------------------

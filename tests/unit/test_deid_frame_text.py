@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from operators.deid import frame_text as ft
+from operators.deid.faces import DEID_TYPE
 from operators.deid.frame_text import FrameTextConfig, FrameTextOperator, encode_pgm, parse_tsv, sample_rows, spread
 from pipeline.errors import ComplianceError
 
@@ -228,7 +229,7 @@ def test_columns_headers_and_no_mutation(change_seq, op):
 def test_frames_without_pii_text_are_bit_identical(op):
     clean = render(("Quarterly Planning Review", "Storage and network upgrades", "Vendor contracts renewed"))
     face_deid = pa.array([{"policy": "p", "method": "blur_permute", "detector": "mp", "count": 0,
-                           "threshold": 0.5}] * 3, type=ft.DEID_TYPE)
+                           "threshold": 0.5}] * 3, type=DEID_TYPE)
     table = frames_table([clean] * 3).append_column("deid", face_deid)
     out = op.process(table)
     assert np.array_equal(out_frames(out), out_frames(table))
