@@ -27,3 +27,23 @@ def sample_manifest(tmp_path_factory) -> Path:
     from pipeline.sample import generate_sample
 
     return generate_sample(tmp_path_factory.mktemp("sample"), duration_s=6.0, seed=0)
+
+
+@pytest.fixture(scope="session")
+def image_encoder():
+    """One EfficientNet-Lite0 encoder (CPU) for every test that embeds images."""
+    from operators.embed.image import ImageEmbedConfig, ImageEncoder
+
+    enc = ImageEncoder(ImageEmbedConfig(device="cpu"))
+    enc.setup()
+    return enc
+
+
+@pytest.fixture(scope="session")
+def text_encoder():
+    """One MiniLM text encoder (CPU) for every test that embeds text."""
+    from operators.embed.text import TextEmbedConfig, TextEncoder
+
+    enc = TextEncoder(TextEmbedConfig(device="cpu"))
+    enc.setup()
+    return enc

@@ -18,7 +18,7 @@ from skimage import data
 from operators.cache.keys import BOX_TYPE, cache_key, feature_id
 from operators.cache.store import FeatureCache
 from operators.embed.audio import AudioEmbedOperator
-from operators.embed.image import FrameEmbedConfig, FrameEmbedOperator, ImageEmbedConfig, ImageEncoder
+from operators.embed.image import FrameEmbedConfig, FrameEmbedOperator
 
 pytestmark = pytest.mark.unit
 
@@ -191,13 +191,6 @@ def test_returned_vectors_are_read_only_copies():
 
 
 # -- operators with a cache --------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def image_encoder() -> ImageEncoder:
-    enc = ImageEncoder(ImageEmbedConfig(device="cpu"))
-    enc.setup()
-    return enc
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from operators.embed.image import (
     _box_cell_weights,
     packaged_lite0_weights,
 )
-from operators.embed.text import TextEmbedConfig, TextEmbedOperator, TextBlockEmbedConfig, TextEncoder
+from operators.embed.text import TextBlockEmbedConfig, TextEmbedOperator
 from pipeline.errors import ConfigError, InputError
 
 pytestmark = pytest.mark.unit
@@ -33,20 +33,6 @@ FACE_BOX = (174, 68, 278, 172)
 # other regions of the same photo: flag, helmet, shuttle model, mission patch
 OTHER_BOXES = {"flag": (0, 0, 90, 250), "helmet": (280, 340, 500, 512), "shuttle": (350, 0, 470, 280),
                "patch": (130, 340, 215, 430)}
-
-
-@pytest.fixture(scope="module")
-def image_encoder() -> ImageEncoder:
-    enc = ImageEncoder(ImageEmbedConfig(device="cpu"))
-    enc.setup()
-    return enc
-
-
-@pytest.fixture(scope="module")
-def text_encoder() -> TextEncoder:
-    enc = TextEncoder(TextEmbedConfig(device="cpu"))
-    enc.setup()
-    return enc
 
 
 @pytest.fixture(scope="module")
