@@ -32,8 +32,8 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from operators.align.aligner import TickAligner  # noqa: E402
-from schemas.manifest import ClockMapping  # noqa: E402
+from modalign.operators.align.aligner import TickAligner  # noqa: E402
+from modalign.schemas.manifest import ClockMapping  # noqa: E402
 
 MS = 1_000_000
 NS = 1_000_000_000
@@ -158,7 +158,7 @@ def _write_wav(path: Path, x: np.ndarray, rate: int) -> None:
 
 def time_offset(minutes: float, offset_ns: int, skew_ppm: float, repeats: int) -> dict:
     """A 10-minute pair of coloured-noise bursts, the second recorder offset and skewed."""
-    from operators.align.offset import estimate_source_offset
+    from modalign.operators.align.offset import estimate_source_offset
 
     rate, hi = 16_000, 32_000
     rng = np.random.default_rng(1)

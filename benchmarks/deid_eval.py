@@ -1,6 +1,6 @@
 """De-identification efficacy report: ``python benchmarks/deid_eval.py [--quick] [--json]``.
 
-Runs ``pipeline.deid_eval.run_eval`` in a temporary folder (generated inputs only) and prints
+Runs ``modalign.pipeline.deid_eval.run_eval`` in a temporary folder (generated inputs only) and prints
 the markdown report: text recall/precision/F2 on a labelled OCR set, face detection and
 descriptor linking before/after anonymisation, speaker similarity before/after McAdams
 anonymisation (alpha 0.9 / 0.8 / 0.7). Floors (issue 5): direct-identifier recall >= 95 %,
@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.deid_eval import render, run_eval, to_json  # noqa: E402
+from modalign.pipeline.deid_eval import render, run_eval, to_json  # noqa: E402
 
 
 def floors(report: dict) -> list[str]:

@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from pipeline.deid_eval import espeak_16k, make_text_corpus  # noqa: E402
+from modalign.pipeline.deid_eval import espeak_16k, make_text_corpus  # noqa: E402
 
 FACE_TARGET_MS = 25.0
 WORDS_TARGET = 2000.0
@@ -66,8 +66,8 @@ def face_figures(n: int, repeat: int) -> list[tuple[str, float, float, str]]:
     import pyarrow as pa
     import torch
 
-    from operators.deid.faces import FaceBlurConfig, FaceBlurOperator, anonymise_region
-    from schemas.policy import FacePolicy
+    from modalign.operators.deid.faces import FaceBlurConfig, FaceBlurOperator, anonymise_region
+    from modalign.schemas.policy import FacePolicy
 
     cv2.setNumThreads(1)
     torch.set_num_threads(1)
@@ -137,7 +137,7 @@ def ocr_like_blocks(n_pages: int = 6, seed: int = 7) -> list[list[str]]:
 def text_figures(repeat: int) -> list[tuple[str, float, float, str]]:
     import pyarrow as pa
 
-    from operators.deid.text import TextPiiConfig, TextPiiOperator, detect_batch, load_nlp
+    from modalign.operators.deid.text import TextPiiConfig, TextPiiOperator, detect_batch, load_nlp
 
     load_nlp()
     pages = ocr_like_blocks()
@@ -156,7 +156,7 @@ def text_figures(repeat: int) -> list[tuple[str, float, float, str]]:
 
 
 def voice_figures(repeat: int) -> list[tuple[str, float, float, str]]:
-    from operators.deid.voice import McAdamsTransform
+    from modalign.operators.deid.voice import McAdamsTransform
 
     x = np.concatenate([espeak_16k("The infrastructure budget is on track for this year.", v)
                         for v in ("en-us+m3", "en+f2", "en+m1")])

@@ -3,9 +3,9 @@
     python benchmarks/embed.py [--duration 12] [--repeat 3] [--frames 64]
 
 Generates a sample session in a temporary folder, ingests and de-identifies it in-process
-(``pipeline.worker.IngestWorker``, no Ray), then measures on the de-identified payload:
+(``modalign.pipeline.worker.IngestWorker``, no Ray), then measures on the de-identified payload:
 
-1. the embedding stage (``pipeline.embedding.Embedder``: operators, feature cache, feature
+1. the embedding stage (``modalign.pipeline.embedding.Embedder``: operators, feature cache, feature
    files) cold (new cache; the first run in the process, so it includes loading the
    models) and warm (a new Embedder on the same output folder, as a re-run would open it);
    and the operators alone with the models already loaded (cold cache vs the same cache
@@ -39,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 def ingest_payloads(manifest: Path, out: Path, keys: Path, config) -> list[tuple[str, object, dict]]:
     """(modality, de-identified payload table, lineage) of every embed item of the sample session."""
-    from operators.ingest.base import SourceContext, file_version
-    from pipeline.discovery import discover
-    from pipeline.worker import IngestWorker
+    from modalign.operators.ingest.base import SourceContext, file_version
+    from modalign.pipeline.discovery import discover
+    from modalign.pipeline.worker import IngestWorker
 
     worker = IngestWorker(config, out, keys)
     items = []
@@ -61,7 +61,7 @@ def ingest_payloads(manifest: Path, out: Path, keys: Path, config) -> list[tuple
 
 
 def run_stage(config, out: Path, items) -> tuple[float, dict, object]:
-    from pipeline.embedding import Embedder
+    from modalign.pipeline.embedding import Embedder
 
     t0 = time.perf_counter()
     emb = Embedder(config, out)
@@ -76,8 +76,8 @@ def run_stage(config, out: Path, items) -> tuple[float, dict, object]:
 
 def stage_with_loaded_models(config, cache_dir: Path, items, encoders) -> float:
     """Cold cache, models already in memory: operator work + cache writes only."""
-    from operators.cache.store import FeatureCache
-    from operators.embed.registry import build_operator
+    from modalign.operators.cache.store import FeatureCache
+    from modalign.operators.embed.registry import build_operator
 
     t0 = time.perf_counter()
     cache = FeatureCache(cache_dir)
@@ -105,9 +105,9 @@ def throughput(frames: np.ndarray, batch: int, repeat: int) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from operators.cache.keys import BOX_TYPE
-    from operators.cache.store import FeatureCache
-    from operators.embed.image import FrameEmbedConfig, FrameEmbedOperator, ImageEmbedConfig, ImageEncoder
+    from modalign.operators.cache.keys import BOX_TYPE
+    from modalign.operators.cache.store import FeatureCache
+    from modalign.operators.embed.image import FrameEmbedConfig, FrameEmbedOperator, ImageEmbedConfig, ImageEncoder
 
     enc = ImageEncoder(ImageEmbedConfig(device="cpu", batch_size=batch))
     model = enc._ensure_model()
@@ -171,7 +171,7 @@ def roi_agreement(sample_face: tuple[np.ndarray, tuple] | None) -> list[tuple[st
     """(region, size, grid cells covered, cosine of pooled roi vs direct crop)."""
     from skimage import data
 
-    from operators.embed.image import ImageEmbedConfig, ImageEncoder
+    from modalign.operators.embed.image import ImageEmbedConfig, ImageEncoder
 
     enc = ImageEncoder(ImageEmbedConfig(device="cpu"))
     rows = []
@@ -201,9 +201,9 @@ def patch_cached_workload(config, cache_dir: Path, items) -> dict:
     """Frames whose patch grids alone are cached, asked for frame + roi (faces + 3 x 3 areas)."""
     import pyarrow as pa
 
-    from operators.cache.keys import BOX_TYPE
-    from operators.cache.store import FeatureCache
-    from operators.embed.registry import build_operator
+    from modalign.operators.cache.keys import BOX_TYPE
+    from modalign.operators.cache.store import FeatureCache
+    from modalign.operators.embed.registry import build_operator
 
     cache = FeatureCache(cache_dir)
     cache.gc(cache.keys("patch"), keep_parents=False)
@@ -235,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)  # as in the embed actor; the machine is shared
-    from pipeline.sample import generate_sample
-    from schemas.config import RunConfig
+    from modalign.pipeline.sample import generate_sample
+    from modalign.schemas.config import RunConfig
 
     tmp = Path(tempfile.mkdtemp(prefix="modalign-bench-embed-"))
     try:

@@ -27,7 +27,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from operators.deid.frame_text import (  # noqa: E402
+from modalign.operators.deid.frame_text import (  # noqa: E402
     FrameTextConfig,
     FrameTextOperator,
     encode_pgm,
@@ -143,7 +143,7 @@ def main() -> int:
 
 
 def _samples(table: pa.Table, op: FrameTextOperator) -> list[int]:
-    from operators.deid.frame_text import sample_rows
+    from modalign.operators.deid.frame_text import sample_rows
 
     return sample_rows(table.column("t_ns").to_numpy(), np.ones(table.num_rows, bool), op.config.ocr_fps)
 

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no GPU present (torch.cuda.is_available() is False): nothing measured")
         return 0
 
-    from operators.embed.image import ImageEmbedConfig, ImageEncoder
+    from modalign.operators.embed.image import ImageEmbedConfig, ImageEncoder
 
     rng = np.random.default_rng(0)
     # smooth random images (a noise field upsampled) rather than white noise: closer to video content

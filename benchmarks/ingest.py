@@ -139,8 +139,8 @@ def wav_16k(path: Path, seconds: int) -> Path:
 
 
 def ctx_for(path: Path, modality: str):
-    from operators.ingest.base import SourceContext
-    from schemas.manifest import SourceSpec
+    from modalign.operators.ingest.base import SourceContext
+    from modalign.schemas.manifest import SourceSpec
 
     return SourceContext("bench", SourceSpec(id="src", uri=path.name, modality=modality), path, path.as_uri(), "v")
 
@@ -150,7 +150,7 @@ def ctx_for(path: Path, modality: str):
 def video_decode(path: Path, repeats: int) -> dict:
     import av
 
-    from operators.ingest.video import VideoFramesConfig, VideoFramesOperator
+    from modalign.operators.ingest.video import VideoFramesConfig, VideoFramesOperator
 
     def bare() -> int:
         n = 0
@@ -198,7 +198,7 @@ def ocr_speedup(path: Path, repeats: int) -> tuple[float, float, int]:
 def pdf_pages_per_s(path: Path, repeats: int, **cfg) -> tuple[float, int, set]:
     import pyarrow as pa
 
-    from operators.ingest.pdf import PdfTextConfig, PdfTextOperator
+    from modalign.operators.ingest.pdf import PdfTextConfig, PdfTextOperator
 
     op = PdfTextOperator(PdfTextConfig(**cfg))
     op.ensure_setup()
@@ -214,7 +214,7 @@ def pdf_pages_per_s(path: Path, repeats: int, **cfg) -> tuple[float, int, set]:
 
 
 def mfcc_speed(path: Path, seconds: int, repeats: int) -> dict:
-    from operators.ingest.audio import AudioMfccConfig, AudioMfccOperator
+    from modalign.operators.ingest.audio import AudioMfccConfig, AudioMfccOperator
 
     op = AudioMfccOperator(AudioMfccConfig())
     op.ensure_setup()
@@ -228,7 +228,7 @@ def mfcc_speed(path: Path, seconds: int, repeats: int) -> dict:
 
 def rss_child(path: str) -> None:
     """Child mode: ingest ``path`` at 1 fps, print frames and VmHWM (kB) of this process."""
-    from operators.ingest.video import VideoFramesConfig, VideoFramesOperator
+    from modalign.operators.ingest.video import VideoFramesConfig, VideoFramesOperator
 
     op = VideoFramesOperator(VideoFramesConfig(sample_fps=1.0))
     n = 0

@@ -1,6 +1,6 @@
 """Ray actors wrapping the stage operators: ingest, align, embed.
 
-The only module besides ``pipeline.runner`` that imports ``ray``. Each actor builds its
+The only module besides ``modalign.pipeline.runner`` that imports ``ray``. Each actor builds its
 operators once (``setup`` loads models) and limits torch and tesseract to one thread:
 Ray gives parallelism across actors, and oversubscribed BLAS threads only slow a
 shared machine. Restart policies are explicit (Ray's default is at-most-once).
@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import ray
 
-from schemas.config import RunConfig
+from modalign.schemas.config import RunConfig
 
 
 def _single_threaded() -> None:
@@ -35,7 +35,7 @@ class IngestActor:
     """
 
     def __init__(self, config_json: str, out_root: str, key_store_dir: str) -> None:
-        from pipeline.worker import IngestWorker
+        from modalign.pipeline.worker import IngestWorker
 
         _single_threaded()
         self.worker = IngestWorker(RunConfig.model_validate_json(config_json), Path(out_root), Path(key_store_dir))
@@ -62,8 +62,8 @@ class AlignerActor:
     """
 
     def __init__(self, session_id: str, config_json: str, out_root: str, expected_sources: list[str]) -> None:
-        from operators.align.aligner import TickAligner
-        from pipeline.layout import OutputLayout
+        from modalign.operators.align.aligner import TickAligner
+        from modalign.pipeline.layout import OutputLayout
 
         self.cfg = RunConfig.model_validate_json(config_json)
         self.aligner = TickAligner(session_id, self.cfg.align, expected_sources=expected_sources)
@@ -83,7 +83,7 @@ class AlignerActor:
         self.aligner.finish_source(source_id)
 
     def finish(self) -> dict:
-        from pipeline.layout import write_jsonl, write_table
+        from modalign.pipeline.layout import write_jsonl, write_table
 
         res = self.aligner.finish()
         sid = self.session_id
@@ -103,7 +103,7 @@ class EmbedActor:
     """Embeds de-identified payload batches into the feature cache and feature files."""
 
     def __init__(self, config_json: str, out_root: str) -> None:
-        from pipeline.embedding import Embedder
+        from modalign.pipeline.embedding import Embedder
 
         _single_threaded()
         self.embedder = Embedder(RunConfig.model_validate_json(config_json), Path(out_root))

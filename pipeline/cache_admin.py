@@ -1,6 +1,6 @@
 """``modalign cache stats|gc OUT``: what the feature cache of an output folder holds, and pruning it.
 
-Works on ``OUT/cache`` (``operators.cache.store.FeatureCache`` segments) and the feature
+Works on ``OUT/cache`` (``modalign.operators.cache.store.FeatureCache`` segments) and the feature
 files that reference it (``OUT/features/MODEL/GRANULARITY/*.parquet``, column
 ``cache_key``). Run it between runs, not during one: a run's embed actors flush new
 segments at its end.
@@ -26,8 +26,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import ConfigError
-from pipeline.layout import OutputLayout
+from modalign.schemas.errors import ConfigError
+from modalign.pipeline.layout import OutputLayout
 
 GRANULARITIES = ("frame", "roi", "patch")
 
@@ -45,7 +45,7 @@ def referenced_keys(out: Path) -> set[str]:
 
 
 def _cache(out: Path) -> Any:
-    from operators.cache.store import FeatureCache
+    from modalign.operators.cache.store import FeatureCache
 
     layout = OutputLayout(Path(out))
     if not Path(out).is_dir():
@@ -54,7 +54,7 @@ def _cache(out: Path) -> Any:
 
 
 def _disk(cache_dir: Path) -> tuple[int, int]:
-    from operators.cache.store import SEGMENT_GLOB
+    from modalign.operators.cache.store import SEGMENT_GLOB
 
     segs = list(cache_dir.glob(SEGMENT_GLOB)) if cache_dir.is_dir() else []
     return len(segs), sum(p.stat().st_size for p in segs)

@@ -13,7 +13,7 @@ import logging
 import sys
 from pathlib import Path
 
-from pipeline.errors import ModalignError
+from modalign.schemas.errors import ModalignError
 
 EXAMPLES = {
     "sample": "modalign sample ./sample --duration 12",
@@ -30,7 +30,7 @@ def _progress(msg: str) -> None:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from pipeline.sample import generate_sample
+    from modalign.pipeline.sample import generate_sample
 
     manifest = generate_sample(Path(args.dir), duration_s=args.duration, seed=args.seed)
     print(json.dumps({"manifest": str(manifest)}) if args.json else f"sample session written: {manifest}")
@@ -38,9 +38,9 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from pipeline.runner import Runner
-    from schemas.config import RunConfig
-    from schemas.load import load_model
+    from modalign.pipeline.runner import Runner
+    from modalign.schemas.config import RunConfig
+    from modalign.schemas.load import load_model
 
     config = load_model(RunConfig, Path(args.config)) if args.config else RunConfig()
     if args.address:
@@ -49,7 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     else:
-        from pipeline.inspect import collect, render
+        from modalign.pipeline.inspect import collect, render
 
         print(render(collect(Path(args.out))))
         print(f"\noutputs: {Path(args.out).resolve()}  (details: modalign inspect {args.out})")
@@ -57,7 +57,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from pipeline.inspect import collect, render
+    from modalign.pipeline.inspect import collect, render
 
     info = collect(Path(args.out))
     print(json.dumps(info, indent=2, default=str) if args.json else render(info))
@@ -65,7 +65,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from pipeline.search import render_results, search
+    from modalign.pipeline.search import render_results, search
 
     results = search(Path(args.out), image=Path(args.image) if args.image else None, text=args.text,
                      record=args.record, granularity=args.granularity, k=args.k)
@@ -74,7 +74,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from pipeline.cache_admin import cache_gc, cache_stats, render_stats
+    from modalign.pipeline.cache_admin import cache_gc, cache_stats, render_stats
 
     result = cache_stats(Path(args.out)) if args.action == "stats" else cache_gc(Path(args.out), dry_run=args.dry_run)
     print(json.dumps(result, indent=2) if args.json else render_stats(result))
@@ -84,9 +84,9 @@ def cmd_cache(args: argparse.Namespace) -> int:
 def cmd_deid_eval(args: argparse.Namespace) -> int:
     import tempfile
 
-    from pipeline.deid_eval import render, run_eval, to_json
-    from schemas.config import RunConfig
-    from schemas.load import load_model
+    from modalign.pipeline.deid_eval import render, run_eval, to_json
+    from modalign.schemas.config import RunConfig
+    from modalign.schemas.load import load_model
 
     config = load_model(RunConfig, Path(args.config)) if args.config else RunConfig()
     with tempfile.TemporaryDirectory(prefix="modalign-deid-eval-") as tmp:

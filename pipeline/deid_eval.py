@@ -1,7 +1,7 @@
 """De-identification efficacy figures: what ``modalign deid-eval`` reports.
 
 Sits beside the data flow, not in it: it generates labelled media, runs the same
-de-identification operators the ingest worker runs (``operators.deid``), and measures with
+de-identification operators the ingest worker runs (``modalign.operators.deid``), and measures with
 tools that play no part in the pipeline whether the removed personal data can still be
 found or linked:
 
@@ -47,8 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.errors import DependencyMissingError
-from schemas.policy import DeidPolicy
+from modalign.schemas.errors import DependencyMissingError
+from modalign.schemas.policy import DeidPolicy
 
 DPI = 200
 PAGE_W_PT, PAGE_H_PT = 595.28, 841.89  # A4 portrait
@@ -414,9 +414,9 @@ def ocr_documents(docs: list[Path], meta: list[dict]) -> list[Any]:
     """
     import pyarrow as pa
 
-    from operators.ingest.base import SourceContext
-    from operators.ingest.pdf import PdfTextOperator
-    from schemas.manifest import SourceSpec
+    from modalign.operators.ingest.base import SourceContext
+    from modalign.operators.ingest.pdf import PdfTextOperator
+    from modalign.schemas.manifest import SourceSpec
 
     def read(doc: Path) -> list[Any]:
         op = PdfTextOperator()
@@ -531,7 +531,7 @@ def build_ocr_set(work_dir: Path, seed: int = 0, quota: dict[str, int] | None = 
 
 def eval_text(work_dir: Path, policy: DeidPolicy | None = None, ocr_set: OcrSet | None = None) -> dict:
     """De-identify the OCR set page by page with TextPiiOperator and score it."""
-    from operators.deid.text import TextPiiConfig, TextPiiOperator
+    from modalign.operators.deid.text import TextPiiConfig, TextPiiOperator
 
     policy = policy or DeidPolicy()
     ocr_set = ocr_set or build_ocr_set(work_dir)
@@ -668,7 +668,7 @@ def eval_faces(n: int = 80, seed: int = 0, policy: DeidPolicy | None = None) -> 
     """Independent detection and descriptor linking of faces before and after FaceBlurOperator."""
     import pyarrow as pa
 
-    from operators.deid.faces import FaceBlurConfig, FaceBlurOperator
+    from modalign.operators.deid.faces import FaceBlurConfig, FaceBlurOperator
 
     skdata = _need("skimage.data", "scikit-image")
     policy = policy or DeidPolicy()
@@ -781,7 +781,7 @@ def _vad_agreement(a: np.ndarray, b: np.ndarray) -> float:
 def eval_voice(voices: tuple[str, ...] = VOICES, sentences: tuple[str, ...] = SENTENCES,
                alphas: tuple[float, ...] | None = None, policy: DeidPolicy | None = None) -> dict:
     """Speaker similarity before/after McAdams anonymisation (resemblyzer, cosine)."""
-    from operators.deid.voice import McAdamsTransform
+    from modalign.operators.deid.voice import McAdamsTransform
 
     policy = policy or DeidPolicy()
     torch = _need("torch", "torch")

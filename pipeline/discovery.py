@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.errors import ConfigError
-from schemas.load import load_model, read_mapping
-from schemas.manifest import MEDIA_SUFFIXES, Manifest, SourceSpec
+from modalign.schemas.errors import ConfigError
+from modalign.schemas.load import load_model, read_mapping
+from modalign.schemas.manifest import MEDIA_SUFFIXES, Manifest, SourceSpec
 
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 

@@ -1,6 +1,6 @@
 """The embedding stage body: de-identified payload -> feature rows + cache entries.
 
-Wrapped by ``pipeline.actors.EmbedActor``; Ray-free so tests run it in-process. One
+Wrapped by ``modalign.pipeline.actors.EmbedActor``; Ray-free so tests run it in-process. One
 feature cache per actor, persisted under ``OUT/cache`` so a re-run finds its features.
 """
 
@@ -12,9 +12,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.layout import OutputLayout, with_lineage, write_table
-from schemas.config import RunConfig
-from schemas.tables import FeatureRow
+from modalign.pipeline.layout import OutputLayout, with_lineage, write_table
+from modalign.schemas.config import RunConfig
+from modalign.schemas.tables import FeatureRow
 
 
 def with_user_boxes(table: pa.Table, boxes: list[tuple[int, int, int, int]]) -> pa.Table:
@@ -27,7 +27,7 @@ def with_user_boxes(table: pa.Table, boxes: list[tuple[int, int, int, int]]) -> 
 
 class Embedder:
     def __init__(self, config: RunConfig, out_root: Path) -> None:
-        from operators.cache.store import FeatureCache
+        from modalign.operators.cache.store import FeatureCache
 
         self.config = config
         self.layout = OutputLayout(Path(out_root))
@@ -36,7 +36,7 @@ class Embedder:
 
     def _op(self, modality: str):
         if modality not in self._ops:
-            from operators.embed.registry import build_operator
+            from modalign.operators.embed.registry import build_operator
 
             self._ops[modality] = build_operator(modality, self.config.embed, cache=self.cache)
         return self._ops[modality]

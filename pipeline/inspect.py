@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.errors import ConfigError
+from modalign.schemas.errors import ConfigError
 
 
 def _glob(root: Path, pattern: str) -> str | None:

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 
-from operators.ingest.base import SourceContext, file_version
-from pipeline.discovery import Session, discover
-from pipeline.errors import ConfigError
-from pipeline.layout import OutputLayout, write_json, write_table
-from schemas.arrow import rows_to_table
-from schemas.config import RunConfig
-from schemas.tables import QuarantineRow, SourceLineageRow
+from modalign.operators.ingest.base import SourceContext, file_version
+from modalign.pipeline.discovery import Session, discover
+from modalign.schemas.errors import ConfigError
+from modalign.pipeline.layout import OutputLayout, write_json, write_table
+from modalign.schemas.arrow import rows_to_table
+from modalign.schemas.config import RunConfig
+from modalign.schemas.tables import QuarantineRow, SourceLineageRow
 
 log = logging.getLogger("modalign")
 
@@ -98,8 +98,8 @@ class Runner:
     def run(self, input_path: Path) -> dict:
         import ray
 
-        from operators.embed.device import embed_actor_resources
-        from pipeline.actors import AlignerActor, EmbedActor, IngestActor
+        from modalign.operators.embed.device import embed_actor_resources
+        from modalign.pipeline.actors import AlignerActor, EmbedActor, IngestActor
 
         started = time.time()
         sessions = discover(Path(input_path))  # ConfigError before any work
@@ -279,7 +279,7 @@ class Runner:
     def _summary(self, sessions, align, cache_stats, indexes, elapsed_s: float) -> dict:
         from importlib.metadata import version
 
-        from operators.base import REGISTRY
+        from modalign.operators.base import REGISTRY
 
         c = self.counts
         return {
@@ -328,7 +328,7 @@ def build_indexes(layout: OutputLayout) -> list[dict]:
     import numpy as np
     import pyarrow.dataset as ds
 
-    from operators.cache.index import FeatureIndex
+    from modalign.operators.cache.index import FeatureIndex
 
     built = []
     root = layout.root / "features"

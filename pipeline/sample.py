@@ -12,7 +12,7 @@ meeting of three sources on one session clock, plus the ground truth to check ou
   pipeline to estimate it against the room video: ``clock.estimate_from``), with its own noise.
 - ``slides.pdf``: landscape pages (title + lines) with non-personal words and planted
   personal data (names, emails, phones); page i is active from ``page_schedule_ns[i]``.
-- ``manifest.yaml``: a ``schemas.manifest.Manifest`` with ``ground_truth``.
+- ``manifest.yaml``: a ``modalign.schemas.manifest.Manifest`` with ``ground_truth``.
 
 Speech comes from Debian ``espeak-ng``; the output is a function of (duration_s, seed)
 only. Nothing is written outside the output folder. Known OCR traits of these slides
@@ -32,9 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import ConfigError, DependencyMissingError
-from schemas.load import dump_yaml
-from schemas.manifest import ClockMapping, GroundTruth, Manifest, PlantedPII, SourceSpec
+from modalign.schemas.errors import ConfigError, DependencyMissingError
+from modalign.schemas.load import dump_yaml
+from modalign.schemas.manifest import ClockMapping, GroundTruth, Manifest, PlantedPII, SourceSpec
 
 NS_PER_S = 1_000_000_000
 

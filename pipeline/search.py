@@ -6,7 +6,7 @@ the same weights and preprocessing as the index), ``OUT/index/MODEL__GRANULARITY
 map back to). Nothing is written.
 
 Queries and their default granularity:
-- ``image``: the image encoder (``operators.embed.registry``, same config as the run) ->
+- ``image``: the image encoder (``modalign.operators.embed.registry``, same config as the run) ->
   the image model's ``frame`` index; ``roi`` finds regions (a face crop finds face boxes),
   ``patch`` needs a run with patch features;
 - ``text``: the text encoder -> the text model's ``roi`` index (text blocks of PDF pages);
@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.errors import ConfigError, UnreadableInputError
-from pipeline.layout import OutputLayout, safe_name
+from modalign.schemas.errors import ConfigError, UnreadableInputError
+from modalign.pipeline.layout import OutputLayout, safe_name
 
 GRANULARITIES = ("frame", "roi", "patch")
 ROW_COLUMNS = ["feature_id", "event_id", "session_id", "source_id", "source_uri", "modality", "granularity",
@@ -39,7 +39,7 @@ ROW_COLUMNS = ["feature_id", "event_id", "session_id", "source_id", "source_uri"
 
 def _embed_config(layout: OutputLayout) -> Any:
     """The run's ``EmbedConfig`` (defaults when ``run.json`` is missing)."""
-    from schemas.config import EmbedConfig
+    from modalign.schemas.config import EmbedConfig
 
     try:
         summary = json.loads(layout.run_json.read_text(encoding="utf-8"))
@@ -74,7 +74,7 @@ def _read_rows(folder: Path, columns: list[str], filter_expr: Any = None) -> Any
 
 def _load_index(layout: OutputLayout, model_id: str, granularity: str) -> Any:
     """The saved FAISS index of (model, granularity), or one built from its feature files."""
-    from operators.cache.index import FeatureIndex
+    from modalign.operators.cache.index import FeatureIndex
 
     path = layout.index(model_id, granularity)
     if path.is_file():
@@ -110,8 +110,8 @@ def _read_image(path: Path) -> np.ndarray:
 
 
 def _image_query(layout: OutputLayout, image: Path) -> tuple[np.ndarray, str]:
-    from operators.embed.image import ImageEncoder
-    from operators.embed.registry import image_embed_config
+    from modalign.operators.embed.image import ImageEncoder
+    from modalign.operators.embed.registry import image_embed_config
 
     pixels = _read_image(image)
     enc = ImageEncoder(image_embed_config(_embed_config(layout)))
@@ -121,8 +121,8 @@ def _image_query(layout: OutputLayout, image: Path) -> tuple[np.ndarray, str]:
 
 
 def _text_query(layout: OutputLayout, text: str) -> tuple[np.ndarray, str]:
-    from operators.embed.registry import text_embed_config
-    from operators.embed.text import TextEncoder
+    from modalign.operators.embed.registry import text_embed_config
+    from modalign.operators.embed.text import TextEncoder
 
     if not text.strip():
         raise ConfigError("the text query is empty")

@@ -1,6 +1,6 @@
 """The ingest worker: decode one source and de-identify it, inside one process.
 
-This is the body of the Ray ingest actor (``pipeline.actors``) but knows nothing about
+This is the body of the Ray ingest actor (``modalign.pipeline.actors``) but knows nothing about
 Ray, so it runs in tests in-process. Raw payload (pixels, waveform, OCR text) exists only
 between the decode operator and the de-identification operator of this process; what
 leaves (the yielded items and the event files) is de-identified.
@@ -31,12 +31,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from operators.ingest.base import SourceContext
-from pipeline.errors import ComplianceError, InputError
-from pipeline.layout import OutputLayout, remove_parts, with_lineage, write_table
-from schemas.config import RunConfig
-from schemas.manifest import ClockMapping
-from schemas.tables import MfccRow, TextBlockRow, VideoFrameRow
+from modalign.operators.ingest.base import SourceContext
+from modalign.schemas.errors import ComplianceError, InputError
+from modalign.pipeline.layout import OutputLayout, remove_parts, with_lineage, write_table
+from modalign.schemas.config import RunConfig
+from modalign.schemas.manifest import ClockMapping
+from modalign.schemas.tables import MfccRow, TextBlockRow, VideoFrameRow
 
 log = logging.getLogger(__name__)
 
@@ -86,39 +86,39 @@ class IngestWorker:
     def _build(self, name: str, tenant: str):
         cfg, pol = self.config, self.config.policy
         if name == "video":
-            from operators.ingest.video import VideoFramesOperator
+            from modalign.operators.ingest.video import VideoFramesOperator
 
             return VideoFramesOperator(cfg.ingest.video)
         if name == "audio":
-            from operators.deid.voice import voice_transform
-            from operators.ingest.audio import AudioMfccOperator
+            from modalign.operators.deid.voice import voice_transform
+            from modalign.operators.ingest.audio import AudioMfccOperator
 
             # Voice anonymisation happens on the waveform, before MFCC, in this process.
             return AudioMfccOperator(cfg.ingest.audio,
                                      waveform_transform=voice_transform(pol.voice, cfg.ingest.audio.sample_rate_hz))
         if name == "pdf":
-            from operators.ingest.pdf import PdfTextOperator
+            from modalign.operators.ingest.pdf import PdfTextOperator
 
             return PdfTextOperator(cfg.ingest.pdf)
         if name == "face":
-            from operators.deid.faces import FaceBlurConfig, FaceBlurOperator
+            from modalign.operators.deid.faces import FaceBlurConfig, FaceBlurOperator
 
             return FaceBlurOperator(FaceBlurConfig(face=pol.face, policy_tag=pol.tag,
                                                    secret=self._subkey(tenant, b"face-permutation")))
         if name == "frame_text":
-            from operators.deid.frame_text import FrameTextOperator, config_from_policy
+            from modalign.operators.deid.frame_text import FrameTextOperator, config_from_policy
 
             ft = pol.frame_text
             return FrameTextOperator(config_from_policy(pol, self._subkey(tenant, b"frame-text-permutation"),
                                                         ocr_fps=ft.ocr_fps,
                                                         **({"action": "keep"} if ft.action == "keep" else {})))
         if name == "text":
-            from operators.deid.text import TextPiiConfig, TextPiiOperator
+            from modalign.operators.deid.text import TextPiiConfig, TextPiiOperator
 
             return TextPiiOperator(TextPiiConfig(
                 text=pol.text, policy_tag=pol.tag, tenant=tenant, key_store_dir=self.key_store_dir))
         if name == "voice":
-            from operators.deid.voice import VoicePolicyConfig, VoicePolicyOperator
+            from modalign.operators.deid.voice import VoicePolicyConfig, VoicePolicyOperator
 
             return VoicePolicyOperator(VoicePolicyConfig(voice=pol.voice, policy_tag=pol.tag,
                                                          sample_rate_hz=cfg.ingest.audio.sample_rate_hz))
@@ -126,7 +126,7 @@ class IngestWorker:
 
     def _subkey(self, tenant: str, purpose: bytes) -> bytes:
         """A sub-key of the tenant key: deleting the tenant key also retires what it keyed."""
-        from operators.deid.keystore import KeyStore
+        from modalign.operators.deid.keystore import KeyStore
 
         return hmac.new(KeyStore(self.key_store_dir).key(tenant), purpose, hashlib.sha256).digest()
 
@@ -156,7 +156,7 @@ class IngestWorker:
             for raw in ops[0].read(ctx):
                 transform = getattr(ops[0], "waveform_transform", None)
                 if transform is not None:  # tells the voice policy the MFCCs are of anonymised speech
-                    from operators.deid.voice import mark_transformed
+                    from modalign.operators.deid.voice import mark_transformed
 
                     raw = mark_transformed(raw, transform)
                 clean = raw
@@ -195,7 +195,7 @@ class IngestWorker:
         The decoded audio of both stays here; only the mapping and window offsets leave. If no
         offset can be found, the manifest's mapping is kept and no windows are reported.
         """
-        from operators.align.offset import estimate_source_offset
+        from modalign.operators.align.offset import estimate_source_offset
 
         clock = ctx.spec.clock
         try:
@@ -221,7 +221,7 @@ class IngestWorker:
 
     def _event_table(self, modality: str, clean: pa.Table, lineage: dict) -> pa.Table:
         if modality == "video":
-            from operators.ingest.video import frames_to_numpy
+            from modalign.operators.ingest.video import frames_to_numpy
 
             jpeg = encode_jpeg(frames_to_numpy(clean), self.config.ingest.video.jpeg_quality)
             t = clean.drop_columns(["frame"]).append_column("frame_jpeg", pa.array(jpeg, pa.binary()))

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.policy import DeidPolicy
+from modalign.schemas.policy import DeidPolicy
 
 
 class _Strict(BaseModel):

@@ -9,7 +9,7 @@ from typing import TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from pipeline.errors import ConfigError
+from modalign.schemas.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -3,7 +3,7 @@
 A manifest lists a session's sources (video, audio, PDF), how each source's clock maps
 onto the session clock, the page schedule of documents and the data subjects present.
 Sample sessions also carry ``ground_truth`` so tests can check outputs against it.
-Validation errors name the offending field; loading is in ``schemas.load``.
+Validation errors name the offending field; loading is in ``modalign.schemas.load``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class ClockMapping(_Strict):
     """Maps a source's local clock onto the session clock.
 
     ``t_session_ns = offset_ns + t_local_ns + t_local_ns * skew_ppm / 1e6``, computed in
-    integers (see ``operators.align.clock``) so hours of media convert without float drift.
+    integers (see ``modalign.operators.align.clock``) so hours of media convert without float drift.
     """
 
     offset_ns: int = Field(0, description="session-clock time of the source's local zero, ns")

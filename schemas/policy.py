@@ -12,7 +12,7 @@ Actions per modality:
   ``keep`` (no change; only for consented footage).
 - voice: ``keep_mfcc`` (waveform dropped, MFCCs of the original voice kept), ``anonymise``
   (McAdams pole-angle warping of the waveform before the MFCCs, see
-  ``operators.deid.voice``), ``drop`` (no voice-derived data kept).
+  ``modalign.operators.deid.voice``), ``drop`` (no voice-derived data kept).
 - text, per entity type: ``pseudonymise`` (``<PERSON_3f9a1c2b>``: keyed, consistent within
   a tenant), ``hash`` (the full 64-hex keyed HMAC-SHA256: a collision-free join key; never
   an unkeyed hash, which a dictionary of phone numbers or birth dates would reverse),

@@ -1,7 +1,7 @@
 """Row models of every table modalign writes; their Arrow schemas derive from these.
 
 Each class is the single declaration of one table: pydantic validates rows built in
-Python (CTAL rows, quarantine rows) and ``schemas.arrow.arrow_schema`` gives the Parquet
+Python (CTAL rows, quarantine rows) and ``modalign.schemas.arrow.arrow_schema`` gives the Parquet
 schema. Column names carry units (``t_ns``, ``residual_ns``); times are int64 ns on the
 session clock. Every output row carries the lineage columns of ``LineageColumns``.
 """
@@ -13,7 +13,7 @@ from typing import Annotated, ClassVar
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.arrow import Arrow, arrow_schema
+from modalign.schemas.arrow import Arrow, arrow_schema
 
 F32List = Annotated[list[float], Arrow(pa.list_(pa.float32()))]
 I32 = Annotated[int, Arrow(pa.int32())]

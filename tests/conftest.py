@@ -24,7 +24,7 @@ def ray_local():
 @pytest.fixture(scope="session")
 def sample_manifest(tmp_path_factory) -> Path:
     """A 6-second generated sample session (video + lapel audio + slides PDF)."""
-    from pipeline.sample import generate_sample
+    from modalign.pipeline.sample import generate_sample
 
     return generate_sample(tmp_path_factory.mktemp("sample"), duration_s=6.0, seed=0)
 
@@ -32,7 +32,7 @@ def sample_manifest(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def image_encoder():
     """One EfficientNet-Lite0 encoder (CPU) for every test that embeds images."""
-    from operators.embed.image import ImageEmbedConfig, ImageEncoder
+    from modalign.operators.embed.image import ImageEmbedConfig, ImageEncoder
 
     enc = ImageEncoder(ImageEmbedConfig(device="cpu"))
     enc.setup()
@@ -42,7 +42,7 @@ def image_encoder():
 @pytest.fixture(scope="session")
 def text_encoder():
     """One MiniLM text encoder (CPU) for every test that embeds text."""
-    from operators.embed.text import TextEmbedConfig, TextEncoder
+    from modalign.operators.embed.text import TextEmbedConfig, TextEncoder
 
     enc = TextEncoder(TextEmbedConfig(device="cpu"))
     enc.setup()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import InputError, LimitExceededError, UnreadableInputError, UnsupportedInputError
+from modalign.schemas.errors import InputError, LimitExceededError, UnreadableInputError, UnsupportedInputError
 
 
 # ---- building blocks -------------------------------------------------------------------

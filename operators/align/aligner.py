@@ -44,7 +44,7 @@ Residual percentiles come from a fixed 10 us histogram per source for the same r
 
 Drift: tolerance matching bounds residuals by the tolerance, so drift is measured from
 the sources' audio: ``observe_offsets`` takes per-window observed clock offsets (from
-``operators.align.offset``); per tick, a source's *residual offset* is the observed
+``modalign.operators.align.offset``); per tick, a source's *residual offset* is the observed
 offset (linearly interpolated between windows, held beyond them) minus the offset its
 clock mapping applies there (0 for a source without observations). The drift signal is
 the largest pairwise difference of these residuals. A positive residual means the
@@ -63,13 +63,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.align.clock import SessionClock
-from operators.base import Operator
-from pipeline.errors import ConfigError, InputError
-from schemas.arrow import rows_to_table
-from schemas.config import AlignConfig
-from schemas.manifest import ClockMapping
-from schemas.tables import CtalRow, CtalSummaryRow, DriftAlarmRow, LineageColumns, RecordRow
+from modalign.operators.align.clock import SessionClock
+from modalign.operators.base import Operator
+from modalign.schemas.errors import ConfigError, InputError
+from modalign.schemas.arrow import rows_to_table
+from modalign.schemas.config import AlignConfig
+from modalign.schemas.manifest import ClockMapping
+from modalign.schemas.tables import CtalRow, CtalSummaryRow, DriftAlarmRow, LineageColumns, RecordRow
 
 NS_PER_S = 1_000_000_000
 DEFAULT_ALLOWED_LATENESS_MS = 2000.0

@@ -16,7 +16,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from schemas.manifest import ClockMapping
+from modalign.schemas.manifest import ClockMapping
 
 NS_PER_S = 1_000_000_000
 

@@ -1,12 +1,12 @@
 """Clock offset and skew of one audio source against another, from the sound itself.
 
 Sits inside ingest, before alignment: where a manifest says ``clock.estimate_from: <ref>``,
-the ingest worker decodes both sources' audio (``operators.ingest.audio.decode_audio``),
+the ingest worker decodes both sources' audio (``modalign.operators.ingest.audio.decode_audio``),
 calls ``estimate_source_offset`` and hands the aligner only numbers (a ``ClockMapping``
 and the per-window observations for ``TickAligner.observe_offsets``). The waveforms
 never leave that call.
 
-Sign convention (the one of ``schemas.manifest.ClockMapping``): a sound that the *other*
+Sign convention (the one of ``modalign.schemas.manifest.ClockMapping``): a sound that the *other*
 source records at its local time ``t`` happened at session time
 ``T = offset_ns + t * (1 + skew_ppm / 1e6)``, the reference being on the session clock
 (or mapped by ``ref_clock``). A recorder that started 730 ms after the reference has
@@ -45,8 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import InputError
-from schemas.manifest import ClockMapping
+from modalign.schemas.errors import InputError
+from modalign.schemas.manifest import ClockMapping
 
 NS_PER_S = 1_000_000_000
 ENV_HOP = 80  # envelope frame length in samples at 16 kHz (5 ms); scaled with the sample rate
@@ -134,7 +134,7 @@ def estimate_source_offset(
     a clip shorter than three windows); when the last stage finds too little, the previous
     line (good to ~1 ms) is kept and no window is flagged as inlier.
     """
-    from operators.ingest.audio import decode_audio
+    from modalign.operators.ingest.audio import decode_audio
 
     ref, ref_start = decode_audio(ref_path, sample_rate_hz)
     other, other_start = decode_audio(other_path, sample_rate_hz)

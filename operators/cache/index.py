@@ -1,7 +1,7 @@
 """FAISS index of feature vectors, one per (model, granularity), with deletes for erasure.
 
 Sits after the embedding operators and the feature cache: the pipeline adds every feature
-row's ``feature_id`` (``operators.cache.keys.feature_id``) and vector, ``modalign search``
+row's ``feature_id`` (``modalign.operators.cache.keys.feature_id``) and vector, ``modalign search``
 queries it, and ``modalign lineage erase`` removes ids. ``IndexIDMap2`` over an exact
 flat index: inner product (``metric="ip"``, cosine on the L2-normalised vectors the
 encoders write) or squared L2 (``metric="l2"``). HNSW would be faster at scale but cannot
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.errors import DependencyMissingError
+from modalign.schemas.errors import DependencyMissingError
 
 METRICS = ("ip", "l2")
 

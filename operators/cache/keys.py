@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from schemas.tables import Box, FeatureRow, LineageColumns
+from modalign.schemas.tables import Box, FeatureRow, LineageColumns
 
 KEY_VERSION = 1
 GRANULARITIES = ("frame", "roi", "patch")

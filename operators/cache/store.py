@@ -1,7 +1,7 @@
 """Feature cache: content-addressed vectors at frame, roi and patch granularity.
 
 Sits under the embedding operators: before a forward pass they look up the cache key of
-their input (``operators.cache.keys.cache_key``); a hit skips the model, a patch-grid hit
+their input (``modalign.operators.cache.keys.cache_key``); a hit skips the model, a patch-grid hit
 lets frame and roi vectors be pooled without one. Re-running a pipeline over the same
 de-identified inputs is therefore all hits with bit-identical vectors.
 
@@ -50,7 +50,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from operators.cache.keys import GRANULARITIES
+from modalign.operators.cache.keys import GRANULARITIES
 
 SEGMENT_GLOB = "cache-*.parquet"
 SEGMENT_SCHEMA = pa.schema(

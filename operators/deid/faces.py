@@ -1,6 +1,6 @@
 """Face de-identification of decoded video frames, inside the ingest worker.
 
-Data flow: ``operators.ingest`` video decode -> **FaceBlurOperator** -> JPEG encode and the
+Data flow: ``modalign.operators.ingest`` video decode -> **FaceBlurOperator** -> JPEG encode and the
 aligner. Raw frames never leave the ingest process: this operator runs right after decode
 and every frame it returns has each detected face replaced by a strong Gaussian blur
 followed by a keyed pixel permutation of the blurred box. Pixels outside the boxes are
@@ -35,11 +35,11 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from operators.base import OperatorConfig, TableOperator
-from pipeline.errors import ComplianceError, DependencyMissingError, InputError
-from schemas.arrow import arrow_type
-from schemas.policy import DEFAULT_POLICY_TAG, FacePolicy
-from schemas.tables import Box, DeidHeader
+from modalign.operators.base import OperatorConfig, TableOperator
+from modalign.schemas.errors import ComplianceError, DependencyMissingError, InputError
+from modalign.schemas.arrow import arrow_type
+from modalign.schemas.policy import DEFAULT_POLICY_TAG, FacePolicy
+from modalign.schemas.tables import Box, DeidHeader
 
 FRAME = "frame"
 FACE_BOXES = "face_boxes"

@@ -1,10 +1,10 @@
 """De-identification of personal data shown as text inside video frames (slides, badges).
 
-Data flow: ``operators.ingest`` video decode -> ``FaceBlurOperator`` -> **FrameTextOperator**
+Data flow: ``modalign.operators.ingest`` video decode -> ``FaceBlurOperator`` -> **FrameTextOperator**
 -> JPEG encode and the aligner. Like faces, the raw pixels never leave the ingest process:
 each frame this operator returns has every box of on-screen personal data (names, e-mails,
-phones ... the kinds of ``operators.deid.text``) blurred then key-permuted with
-``operators.deid.faces.anonymise_region``. Pixels outside the boxes are bit-identical to the
+phones ... the kinds of ``modalign.operators.deid.text``) blurred then key-permuted with
+``modalign.operators.deid.faces.anonymise_region``. Pixels outside the boxes are bit-identical to the
 input, and a frame without personal data is returned bit-identical.
 
 Method. Per table, a few frames are OCRed: the first frame at or after each step of
@@ -15,7 +15,7 @@ upscaled by ``ocr_scale`` (tesseract misses much of ~13 px text at 1x), capped a
 ``ocr_max_pixels`` (default 1280x720: a 360p frame is read at 2x, a 720p frame at 1x,
 where 13 px text is read less well, to stay near real time on one core), encoded as PGM in
 memory and read by tesseract as a subprocess (stdin -> TSV on stdout, under the memory
-ceiling and timeout of ``operators.ingest.pdf.run_limited``; no image touches the disk).
+ceiling and timeout of ``modalign.operators.ingest.pdf.run_limited``; no image touches the disk).
 Words are grouped into lines (tesseract's block/paragraph/line), the lines of a block are
 joined by newlines and all blocks of all samples of the table go through one
 ``detect_batch`` call (so OCR artefacts are handled as for PDFs, and a name found in one
@@ -51,13 +51,13 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from operators.base import OperatorConfig, TableOperator
-from operators.deid.faces import (anonymise_region, event_ids, first_str, frame_array, frames_like, region_schema,
+from modalign.operators.base import OperatorConfig, TableOperator
+from modalign.operators.deid.faces import (anonymise_region, event_ids, first_str, frame_array, frames_like, region_schema,
                                   tensor_view, with_regions)
-from operators.deid.text import RULES_VERSION, detect_batch, detector_name, load_nlp
-from operators.ingest.pdf import out_of_memory, run_limited
-from pipeline.errors import ComplianceError, DependencyMissingError, InputError, ModalignError
-from schemas.policy import ALL_TEXT_ENTITIES, DEFAULT_POLICY_TAG, DeidPolicy, TextEntity
+from modalign.operators.deid.text import RULES_VERSION, detect_batch, detector_name, load_nlp
+from modalign.operators.ingest.pdf import out_of_memory, run_limited
+from modalign.schemas.errors import ComplianceError, DependencyMissingError, InputError, ModalignError
+from modalign.schemas.policy import ALL_TEXT_ENTITIES, DEFAULT_POLICY_TAG, DeidPolicy, TextEntity
 
 TEXT_BOXES = "text_boxes"
 TEXT_DEID = "text_deid"

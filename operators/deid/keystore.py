@@ -1,6 +1,6 @@
 """Pseudonym key vault: one secret per tenant, kept outside every output folder.
 
-Text pseudonyms (``operators.deid.text``) are ``HMAC-SHA256(tenant key, entity)``: the same
+Text pseudonyms (``modalign.operators.deid.text``) are ``HMAC-SHA256(tenant key, entity)``: the same
 person maps to the same token within a tenant and to unrelated tokens across tenants.
 Deleting a tenant's key (``modalign lineage erase`` -> ``KeyStore.delete``) is
 crypto-shredding: pseudonyms already written can no longer be linked to anyone, nor to
@@ -19,7 +19,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from pipeline.errors import ComplianceError, ConfigError
+from modalign.schemas.errors import ComplianceError, ConfigError
 
 KEY_BYTES = 32
 ENV_VAR = "MODALIGN_KEY_STORE"

@@ -1,6 +1,6 @@
 """Personal-data detection and pseudonymisation of OCR text, inside the ingest worker.
 
-Data flow: ``operators.ingest`` PDF render -> tesseract (blocks with word boxes) ->
+Data flow: ``modalign.operators.ingest`` PDF render -> tesseract (blocks with word boxes) ->
 **TextPiiOperator** -> page schedule and the aligner. OCR text never leaves the ingest
 process un-replaced: this operator rewrites each block's ``text`` and ``words``.
 
@@ -22,7 +22,7 @@ broken across a line, stray dots between card/IBAN digit groups, ``O`` for ``0``
 also searched for in every block.
 
 Precision trade-offs of the rules added for addresses, birth dates and national ids
-(measured by ``pipeline.deid_eval``):
+(measured by ``modalign.pipeline.deid_eval``):
 
 - ``address``: a house number + 1-3 capitalised words + a street type (``221B Baker
   Street``, ``1600 Pennsylvania Avenue NW``, ``Flat 3, 12 High St``), German street names
@@ -51,7 +51,7 @@ Replacement per entity kind (``TextPolicy.action_for``: ``actions[kind]``, else
 HMAC-SHA256(tenant key, kind + normalised value): the same entity gives the same token
 within a tenant, across documents; normalisation drops whitespace and case, so ``J ulia
 Fischer`` and ``Julia Fischer`` share a token. ``hash`` -> all 64 hex digits of that HMAC
-(a join key without collisions). Keys come from ``operators.deid.keystore`` (deleting the
+(a join key without collisions). Keys come from ``modalign.operators.deid.keystore`` (deleting the
 key unlinks all tokens and hashes). ``mask`` -> ``<PERSON>``, ``drop`` -> ``""``, ``keep``
 -> unchanged (detections are still counted). Score thresholds: ``threshold_for(kind)``.
 
@@ -72,12 +72,12 @@ from typing import Any, Iterable, Mapping, NamedTuple
 import pyarrow as pa
 from pydantic import Field
 
-from operators.base import OperatorConfig, TableOperator
-from operators.deid.keystore import KeyStore
-from pipeline.errors import ComplianceError, DependencyMissingError, InputError, ModalignError
-from schemas.arrow import arrow_type
-from schemas.policy import DEFAULT_POLICY_TAG, TextPolicy
-from schemas.tables import DeidHeader
+from modalign.operators.base import OperatorConfig, TableOperator
+from modalign.operators.deid.keystore import KeyStore
+from modalign.schemas.errors import ComplianceError, DependencyMissingError, InputError, ModalignError
+from modalign.schemas.arrow import arrow_type
+from modalign.schemas.policy import DEFAULT_POLICY_TAG, TextPolicy
+from modalign.schemas.tables import DeidHeader
 
 TEXT = "text"
 WORDS = "words"

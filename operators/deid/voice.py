@@ -1,11 +1,11 @@
 """Voice de-identification: the McAdams waveform transform and the voice policy of MFCC tables.
 
-Data flow: ``operators.ingest`` audio decode -> 16 kHz mono chunks -> [**McAdamsTransform**,
+Data flow: ``modalign.operators.ingest`` audio decode -> 16 kHz mono chunks -> [**McAdamsTransform**,
 policy ``anonymise`` only] -> MFCC (100 frames/s) -> **VoicePolicyOperator** -> the aligner.
 The raw waveform is never stored: the audio ingest keeps only MFCCs, and the policy operator
 removes any waveform column that would still be present.
 
-Policy actions (``schemas.policy.VoicePolicy``):
+Policy actions (``modalign.schemas.policy.VoicePolicy``):
 
 - ``keep_mfcc``: MFCC frames of the original voice pass with a ``deid`` header (method
   ``waveform_dropped``). MFCCs still carry the speaker's timbre.
@@ -32,7 +32,7 @@ float rounding). numpy/scipy only; 70-100x real time on one core (MFCC: >1000x).
 Chunking: each chunk handed to the transform is processed on its own (zero-padded half a
 frame at both ends); output length equals input length, so sample timing is untouched. A
 chunk seam differs from a one-shot transform only within one frame (20 ms) of the seam.
-Linkability of the result is measured by ``pipeline.deid_eval`` (resemblyzer speaker
+Linkability of the result is measured by ``modalign.pipeline.deid_eval`` (resemblyzer speaker
 similarity before/after); a fixed ``alpha`` protects against an attacker who compares
 anonymised speech with original enrolment speech, not against one who anonymises their
 enrolment speech with the same ``alpha``.
@@ -44,11 +44,11 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from operators.base import OperatorConfig, TableOperator
-from pipeline.errors import ComplianceError, InputError
-from schemas.arrow import arrow_type
-from schemas.policy import DEFAULT_POLICY_TAG, VoicePolicy
-from schemas.tables import DeidHeader
+from modalign.operators.base import OperatorConfig, TableOperator
+from modalign.schemas.errors import ComplianceError, InputError
+from modalign.schemas.arrow import arrow_type
+from modalign.schemas.policy import DEFAULT_POLICY_TAG, VoicePolicy
+from modalign.schemas.tables import DeidHeader
 
 DEID = "deid"
 DEID_TYPE = arrow_type(DeidHeader)
@@ -229,7 +229,7 @@ class VoicePolicyOperator(TableOperator[VoicePolicyConfig]):
                 raise ComplianceError(
                     f"voice policy 'anonymise' needs MFCCs computed from the {expected} transform, but the batch "
                     f"starting at event {first} is marked {got or 'untransformed'}; the batch is withheld. Install "
-                    "operators.deid.voice.voice_transform(policy) as the audio ingest's waveform hook",
+                    "modalign.operators.deid.voice.voice_transform(policy) as the audio ingest's waveform hook",
                     stage=self.kind,
                 )
             method = expected

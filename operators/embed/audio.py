@@ -23,11 +23,11 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from operators.base import OperatorConfig, TableOperator
-from operators.cache.keys import FeatureRowsBuilder, cache_key, feature_schema
-from operators.cache.store import FeatureCache
-from operators.embed.image import l2_normalise
-from pipeline.errors import InputError
+from modalign.operators.base import OperatorConfig, TableOperator
+from modalign.operators.cache.keys import FeatureRowsBuilder, cache_key, feature_schema
+from modalign.operators.cache.store import FeatureCache
+from modalign.operators.embed.image import l2_normalise
+from modalign.schemas.errors import InputError
 
 MODEL_ID = "mfcc-stats@1"
 NORMALISATION = "l2"

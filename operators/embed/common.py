@@ -1,7 +1,7 @@
 """What the embedding table operators share: a (possibly shared) encoder and a feature cache.
 
 ``FrameEmbedOperator`` and ``TextEmbedOperator`` map de-identified payload tables to
-feature rows (``operators.cache.keys.feature_schema``); each wraps one encoder operator,
+feature rows (``modalign.operators.cache.keys.feature_schema``); each wraps one encoder operator,
 configured by the ``encoder`` field of its own config, and an optional ``FeatureCache``.
 """
 
@@ -11,10 +11,10 @@ from typing import ClassVar
 
 import pyarrow as pa
 
-from operators.base import C, Operator, TableOperator
-from operators.cache.keys import feature_schema
-from operators.cache.store import FeatureCache
-from pipeline.errors import ConfigError
+from modalign.operators.base import C, Operator, TableOperator
+from modalign.operators.cache.keys import feature_schema
+from modalign.operators.cache.store import FeatureCache
+from modalign.schemas.errors import ConfigError
 
 
 class EncoderTableOperator(TableOperator[C]):

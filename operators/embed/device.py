@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pipeline.errors import ConfigError
+from modalign.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

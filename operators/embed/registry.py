@@ -1,19 +1,19 @@
 """Encoders by modality, and the one place the run config becomes embedding operators.
 
-Sits between the run config (``schemas.config.EmbedConfig``) and the embedding operators:
-``pipeline.embedding.Embedder`` builds its operators with ``build_operator``, and
-``pipeline.search`` builds the query encoders with the same mapping, so a query goes
+Sits between the run config (``modalign.schemas.config.EmbedConfig``) and the embedding operators:
+``modalign.pipeline.embedding.Embedder`` builds its operators with ``build_operator``, and
+``modalign.pipeline.search`` builds the query encoders with the same mapping, so a query goes
 through exactly the preprocessing and weights its index was built with.
 
 | modality | payload (ingest) | encoder | rows |
 | --- | --- | --- | --- |
-| image | video frames | EfficientNet-Lite0 (packaged weights), or a user encoder from a local file (``operators.embed.loaders``) | frame, roi (face boxes), patch |
+| image | video frames | EfficientNet-Lite0 (packaged weights), or a user encoder from a local file (``modalign.operators.embed.loaders``) | frame, roi (face boxes), patch |
 | text | PDF text blocks | all-MiniLM-L6-v2 (packaged), or a sentence-transformers folder | roi (one per block, its box kept) |
 | audio | MFCC frames | ``mfcc-stats@1``: mean + std per coefficient per second | frame |
 
 Audio uses statistical pooling because no learned audio encoder ships its weights in an
 installable package (and the waveform is never kept, so anything learned would have to
-work from MFCCs); the pooling is documented in ``operators.embed.audio``.
+work from MFCCs); the pooling is documented in ``modalign.operators.embed.audio``.
 
 User encoders are configured, not coded: ``embed.image_encoder`` in the run config names a
 TorchScript file, or a state dict plus a ``package.module:factory``; ``embed.text_model_path``
@@ -28,9 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from operators.base import TableOperator
-from operators.cache.store import FeatureCache
-from pipeline.errors import ConfigError
+from modalign.operators.base import TableOperator
+from modalign.operators.cache.store import FeatureCache
+from modalign.schemas.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def _get(embed: Any, name: str, default: Any = None) -> Any:
 
 def image_embed_config(embed: Any = None) -> Any:
     """``ImageEmbedConfig`` of a run's ``EmbedConfig`` (a user encoder when ``image_encoder`` is set)."""
-    from operators.embed.image import ImageEmbedConfig
+    from modalign.operators.embed.image import ImageEmbedConfig
 
     common = dict(image_size=_get(embed, "image_size", 224), batch_size=_get(embed, "batch_size", 16),
                   device=_get(embed, "device", "auto"))
@@ -93,7 +93,7 @@ def image_embed_config(embed: Any = None) -> Any:
 
 
 def text_embed_config(embed: Any = None) -> Any:
-    from operators.embed.text import TextEmbedConfig
+    from modalign.operators.embed.text import TextEmbedConfig
 
     extra = {"model": _get(embed, "text_model")} if _get(embed, "text_model") else {}
     return TextEmbedConfig(model_path=_get(embed, "text_model_path"), batch_size=_get(embed, "batch_size", 16),
@@ -104,15 +104,15 @@ def build_operator(modality: str, embed: Any = None, *, cache: FeatureCache | No
     """The embedding operator for an ingest payload modality (``video | pdf | audio``)."""
     m = encoder_for(modality).modality
     if m == "image":
-        from operators.embed.image import FrameEmbedConfig, FrameEmbedOperator
+        from modalign.operators.embed.image import FrameEmbedConfig, FrameEmbedOperator
 
         cfg = FrameEmbedConfig(encoder=image_embed_config(embed), modality=modality,
                                emit_patches=bool(_get(embed, "patch_features", False)))
         return FrameEmbedOperator(cfg, cache=cache)
     if m == "text":
-        from operators.embed.text import TextBlockEmbedConfig, TextEmbedOperator
+        from modalign.operators.embed.text import TextBlockEmbedConfig, TextEmbedOperator
 
         return TextEmbedOperator(TextBlockEmbedConfig(encoder=text_embed_config(embed), modality=modality), cache=cache)
-    from operators.embed.audio import AudioEmbedConfig, AudioEmbedOperator
+    from modalign.operators.embed.audio import AudioEmbedConfig, AudioEmbedOperator
 
     return AudioEmbedOperator(AudioEmbedConfig(modality=modality), cache=cache)

@@ -27,12 +27,12 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from operators.base import Operator, OperatorConfig
-from operators.cache.keys import FeatureRowsBuilder, as_box_dicts, cache_key
-from operators.embed.common import EncoderTableOperator
-from operators.embed.device import pick_device
-from operators.embed.image import file_sha256, l2_normalise
-from pipeline.errors import ConfigError, DependencyMissingError, InputError
+from modalign.operators.base import Operator, OperatorConfig
+from modalign.operators.cache.keys import FeatureRowsBuilder, as_box_dicts, cache_key
+from modalign.operators.embed.common import EncoderTableOperator
+from modalign.operators.embed.device import pick_device
+from modalign.operators.embed.image import file_sha256, l2_normalise
+from modalign.schemas.errors import ConfigError, DependencyMissingError, InputError
 
 log = logging.getLogger(__name__)
 

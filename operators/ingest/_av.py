@@ -24,9 +24,9 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from operators.align.clock import NS_PER_S, pts_to_ns
-from operators.ingest.base import SourceContext
-from pipeline.errors import UnreadableInputError, UnsupportedInputError
+from modalign.operators.align.clock import NS_PER_S, pts_to_ns
+from modalign.operators.ingest.base import SourceContext
+from modalign.schemas.errors import UnreadableInputError, UnsupportedInputError
 
 # A stream that declares a duration but stops decoding more than this early is truncated.
 TRUNCATION_TOLERANCE_NS = NS_PER_S

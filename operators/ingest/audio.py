@@ -17,7 +17,7 @@ frame-local; torchaudio's default dB scaling clips against the chunk's maximum a
 make chunked output depend on chunk boundaries.
 
 ``voiced`` (when ``vad``) flags each MFCC frame by an energy voice-activity detector on the
-same frame grid (``operators.ingest.vad``: log-energy over an adaptive noise floor, with
+same frame grid (``modalign.operators.ingest.vad``: log-energy over an adaptive noise floor, with
 hangover); it is computed from the waveform here, so nothing downstream needs it.
 
 Long files stay sample-accurate: frame k's time is ``start + k*hop/rate`` in exact integer
@@ -34,12 +34,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from operators.align.clock import NS_PER_S, samples_to_ns
-from operators.ingest._av import check_truncated, declared_span_ns, open_container, partial_error, wav_declared_ns
-from operators.ingest.base import SourceContext, SourceOperator, event_id
-from operators.ingest.vad import EnergyVad, frame_energy_db
-from pipeline.errors import LimitExceededError, UnreadableInputError, UnsupportedInputError
-from schemas.config import AudioIngestConfig
+from modalign.operators.align.clock import NS_PER_S, samples_to_ns
+from modalign.operators.ingest._av import check_truncated, declared_span_ns, open_container, partial_error, wav_declared_ns
+from modalign.operators.ingest.base import SourceContext, SourceOperator, event_id
+from modalign.operators.ingest.vad import EnergyVad, frame_energy_db
+from modalign.schemas.errors import LimitExceededError, UnreadableInputError, UnsupportedInputError
+from modalign.schemas.config import AudioIngestConfig
 
 GAP_TOLERANCE_NS = 5_000_000  # PTS jumps above this are filled with silence
 
@@ -55,7 +55,7 @@ def audio_mfcc_schema(n_mfcc: int = 40) -> pa.Schema:
         pa.field("frame_index", pa.int64(), nullable=False, metadata={"doc": "MFCC frame k of the source"}),
         pa.field("mfcc", pa.list_(pa.float32(), n_mfcc), nullable=False, metadata={"doc": "log-mel cepstrum"}),
         pa.field("voiced", pa.bool_(), nullable=True,
-                 metadata={"doc": "energy voice-activity flag (operators.ingest.vad); null when vad is off"}),
+                 metadata={"doc": "energy voice-activity flag (modalign.operators.ingest.vad); null when vad is off"}),
     ], metadata={"table": "audio_mfcc", "doc": "MFCC frames, 10 ms hop; the waveform is never stored"})
 
 
@@ -148,7 +148,7 @@ class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
     def __init__(self, config: AudioMfccConfig | None = None, *,
                  waveform_transform: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
         """``waveform_transform``: applied to each chunk's 16 kHz mono samples before MFCC and
-        VAD, inside this process (the voice policy's anonymisation hook, ``operators.deid.voice``)."""
+        VAD, inside this process (the voice policy's anonymisation hook, ``modalign.operators.deid.voice``)."""
         super().__init__(config)
         self.waveform_transform = waveform_transform
 

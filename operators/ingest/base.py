@@ -2,7 +2,7 @@
 
 Ingest operators turn one source into event tables on the session clock. They run inside
 the ingest worker; their output may hold raw payload (pixels, OCR text) only until the
-de-identification operators of ``operators.deid`` have replaced it, in the same process.
+de-identification operators of ``modalign.operators.deid`` have replaced it, in the same process.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import ClassVar
 
 import pyarrow as pa
 
-from operators.align.clock import SessionClock
-from operators.base import C, Operator
-from schemas.manifest import SourceSpec
+from modalign.operators.align.clock import SessionClock
+from modalign.operators.base import C, Operator
+from modalign.schemas.manifest import SourceSpec
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class SourceOperator(Operator[C]):
     def read(self, source: SourceContext) -> Iterator[pa.Table]:
         """Yield event tables (schema: ``output_schema``) in session-time order.
 
-        Raises ``pipeline.errors.InputError`` (with a reason code) for bad input.
+        Raises ``modalign.schemas.errors.InputError`` (with a reason code) for bad input.
         """
 
     @abstractmethod

@@ -56,11 +56,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from operators.ingest.base import SourceContext, SourceOperator, event_id
-from pipeline.errors import (DependencyMissingError, InputError, InputTimeoutError, LimitExceededError,
+from modalign.operators.ingest.base import SourceContext, SourceOperator, event_id
+from modalign.schemas.errors import (DependencyMissingError, InputError, InputTimeoutError, LimitExceededError,
                              UnreadableInputError)
-from schemas.config import PdfIngestConfig
-from schemas.tables import LineageColumns, TextBlockRow
+from modalign.schemas.config import PdfIngestConfig
+from modalign.schemas.tables import LineageColumns, TextBlockRow
 
 MAX_BLOCKS_PER_PAGE = 1000  # event index = page * 1000 + block
 XHTML = "{http://www.w3.org/1999/xhtml}"
@@ -86,7 +86,7 @@ def pdf_text_schema() -> pa.Schema:
 
 @dataclass
 class Block:
-    """One text block of a page: its lines of words (``schemas.tables.Word`` dicts)."""
+    """One text block of a page: its lines of words (``modalign.schemas.tables.Word`` dicts)."""
 
     lines: list[list[dict[str, Any]]] = field(default_factory=list)
 

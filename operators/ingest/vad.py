@@ -1,6 +1,6 @@
 """Energy-based voice-activity detection on the MFCC frame grid (a streaming flag per frame).
 
-Used by ``operators.ingest.audio`` while the waveform still exists (it never leaves that
+Used by ``modalign.operators.ingest.audio`` while the waveform still exists (it never leaves that
 operator): each MFCC frame k (samples ``[k*hop, k*hop + win)`` of the 16 kHz mono signal)
 gets ``voiced`` from three steps:
 

@@ -21,7 +21,7 @@ reference decode "fine" but show garbage), so a corrupt middle costs only its ow
 file. The range is conservative: the decoder reports an error up to its threading delay
 late, so it may include a few good frames on either side.
 
-Tables hold raw pixels: they must not leave the ingest process before ``operators.deid``.
+Tables hold raw pixels: they must not leave the ingest process before ``modalign.operators.deid``.
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from operators.align.clock import NS_PER_S, pts_to_ns
-from operators.ingest._av import (TRUNCATION_TOLERANCE_NS, check_truncated, declared_span_ns,  # noqa: F401
+from modalign.operators.align.clock import NS_PER_S, pts_to_ns
+from modalign.operators.ingest._av import (TRUNCATION_TOLERANCE_NS, check_truncated, declared_span_ns,  # noqa: F401
                                   open_container, partial_error)  # re-exported: the shared helpers' old home
-from operators.ingest.base import SourceContext, SourceOperator, event_id
-from pipeline.errors import LimitExceededError, UnreadableInputError, UnsupportedInputError
-from schemas.config import VideoIngestConfig
+from modalign.operators.ingest.base import SourceContext, SourceOperator, event_id
+from modalign.schemas.errors import LimitExceededError, UnreadableInputError, UnsupportedInputError
+from modalign.schemas.config import VideoIngestConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     import av

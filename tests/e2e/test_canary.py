@@ -28,8 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from schemas.load import load_model
-from schemas.manifest import Manifest
+from modalign.schemas.load import load_model
+from modalign.schemas.manifest import Manifest
 
 pytestmark = pytest.mark.e2e
 
@@ -43,7 +43,7 @@ FACE_ROWS = (30, 60, 90, 120)
 
 @pytest.fixture(scope="module")
 def canary(tmp_path_factory):
-    from pipeline.sample import generate_sample
+    from modalign.pipeline.sample import generate_sample
 
     root = tmp_path_factory.mktemp("canary")
     manifest_path = generate_sample(root / "sample", DURATION_S, seed=0)
@@ -174,7 +174,7 @@ def test_no_canary_string_in_any_written_file(canary):
 
 
 def test_no_raw_face_pixels_in_any_written_file(canary):
-    from pipeline.sample import sample_face_box
+    from modalign.pipeline.sample import sample_face_box
 
     frames = _decode_video(canary["video"])
     runs = []
@@ -194,7 +194,7 @@ def test_no_raw_face_pixels_in_any_written_file(canary):
 def test_stored_frames_have_the_face_anonymised(canary):
     from PIL import Image
 
-    from pipeline.sample import PANEL_BOX, sample_face_box
+    from modalign.pipeline.sample import PANEL_BOX, sample_face_box
 
     files = sorted((canary["dirs"]["out"] / "events" / "video").rglob("*.parquet"))
     table = pa.concat_tables([pq.read_table(f, columns=["t_ns", "frame_jpeg", "text_boxes"]) for f in files])

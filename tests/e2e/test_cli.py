@@ -16,9 +16,9 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from schemas.load import load_model
-from schemas.manifest import Manifest
-from schemas.policy import DeidPolicy
+from modalign.schemas.load import load_model
+from modalign.schemas.manifest import Manifest
+from modalign.schemas.policy import DeidPolicy
 
 pytestmark = pytest.mark.e2e
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pyarrow.dataset as ds
 import pytest
 
-from pipeline.runner import Runner
-from schemas.config import RunConfig
+from modalign.pipeline.runner import Runner
+from modalign.schemas.config import RunConfig
 from signals import noise_bursts, record, write_wav
 
 pytestmark = pytest.mark.integration

@@ -15,8 +15,8 @@ import pyarrow.dataset as ds
 import pytest
 
 from hostile_corpus import CORPUS, write_corpus, write_wav
-from pipeline.runner import EXIT_QUARANTINED, Runner
-from schemas.config import RunConfig
+from modalign.pipeline.runner import EXIT_QUARANTINED, Runner
+from modalign.schemas.config import RunConfig
 
 pytestmark = pytest.mark.integration
 

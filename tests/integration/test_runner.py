@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow.dataset as ds
 import pytest
 
-from pipeline.runner import EXIT_QUARANTINED, Runner
-from schemas.config import RunConfig
+from modalign.pipeline.runner import EXIT_QUARANTINED, Runner
+from modalign.schemas.config import RunConfig
 
 pytestmark = pytest.mark.integration
 

@@ -11,10 +11,10 @@ import pyarrow.dataset as ds
 import pytest
 from PIL import Image
 
-from pipeline.cache_admin import cache_gc, cache_stats
-from pipeline.runner import Runner
-from pipeline.search import search
-from schemas.config import RunConfig
+from modalign.pipeline.cache_admin import cache_gc, cache_stats
+from modalign.pipeline.runner import Runner
+from modalign.pipeline.search import search
+from modalign.schemas.config import RunConfig
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.integration
 def _deid_frames() -> pa.Table:
     from skimage.data import astronaut
 
-    from operators.deid.faces import FaceBlurConfig, FaceBlurOperator
+    from modalign.operators.deid.faces import FaceBlurConfig, FaceBlurOperator
 
     canvas = np.full((360, 640, 3), 80, np.uint8)
     canvas[52:308, 192:448] = astronaut()[::2, ::2]
@@ -31,7 +31,7 @@ def test_object_store_hands_the_embedder_views_not_copies(ray_local):
     @ray.remote
     class EmbedderSide:
         def probe(self, refs: list) -> dict:
-            from operators.ingest.video import frames_to_numpy
+            from modalign.operators.ingest.video import frames_to_numpy
 
             a = frames_to_numpy(ray.get(refs[0]))
             b = frames_to_numpy(ray.get(refs[0]))
@@ -40,7 +40,7 @@ def test_object_store_hands_the_embedder_views_not_copies(ray_local):
 
     table = _deid_frames()
     ref = ray.put(table)
-    from operators.ingest.video import frames_to_numpy
+    from modalign.operators.ingest.video import frames_to_numpy
 
     local = frames_to_numpy(ray.get(ref))
     assert np.shares_memory(local, frames_to_numpy(ray.get(ref)))  # two gets: one shared-memory buffer
@@ -60,6 +60,6 @@ def test_memory_mapped_ipc_read_is_zero_copy(tmp_path):
     read = ipc.open_file(source).read_all()
     values = read.column("frame").chunks[0].storage.values.buffers()[1]
     assert mapped.address <= values.address < mapped.address + mapped.size  # inside the mapping: no copy
-    from operators.ingest.video import frames_to_numpy
+    from modalign.operators.ingest.video import frames_to_numpy
 
     assert np.array_equal(frames_to_numpy(read), frames_to_numpy(table))

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from operators.align.aligner import TickAligner, drift_segments, match_points, tick_times
-from operators.align.clock import SessionClock, pts_to_ns, samples_to_ns
-from schemas.config import AlignConfig
-from schemas.manifest import ClockMapping
+from modalign.operators.align.aligner import TickAligner, drift_segments, match_points, tick_times
+from modalign.operators.align.clock import SessionClock, pts_to_ns, samples_to_ns
+from modalign.schemas.config import AlignConfig
+from modalign.schemas.manifest import ClockMapping
 
 pytestmark = pytest.mark.unit
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from operators.align.aligner import TickAligner
-from schemas.config import AlignConfig
-from schemas.manifest import ClockMapping
+from modalign.operators.align.aligner import TickAligner
+from modalign.schemas.config import AlignConfig
+from modalign.schemas.manifest import ClockMapping
 
 pytestmark = pytest.mark.unit
 

@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from skimage import data
 
-from operators.cache.keys import BOX_TYPE, cache_key, feature_id
-from operators.cache.store import FeatureCache
-from operators.embed.audio import AudioEmbedOperator
-from operators.embed.image import FrameEmbedConfig, FrameEmbedOperator
+from modalign.operators.cache.keys import BOX_TYPE, cache_key, feature_id
+from modalign.operators.cache.store import FeatureCache
+from modalign.operators.embed.audio import AudioEmbedOperator
+from modalign.operators.embed.image import FrameEmbedConfig, FrameEmbedOperator
 
 pytestmark = pytest.mark.unit
 
@@ -89,7 +89,7 @@ def test_feature_id_is_a_positive_63_bit_int(key, event, g, box):
 
 KEY_SCRIPT = """
 import json, numpy as np
-from operators.cache.keys import cache_key, feature_id
+from modalign.operators.cache.keys import cache_key, feature_id
 frame = (np.arange(4 * 5 * 3) % 251).astype(np.uint8).reshape(4, 5, 3)
 k1 = cache_key(frame, model_id="efficientnet-lite0@abc", granularity="roi", resolution=224,
                crop_box=(1, 2, 3, 4), normalisation="imagenet")
@@ -322,7 +322,7 @@ def test_segments_written_before_parent_keys_still_read(tmp_path):
 def test_lookups_decode_one_row_group_not_the_segment(tmp_path, monkeypatch):
     import pyarrow.parquet as pq
 
-    from operators.cache import store
+    from modalign.operators.cache import store
 
     monkeypatch.setattr(store, "ROW_GROUP_BYTES", 3 * 7 * 7 * 8 * 4)  # 3 grids per row group
     cache = FeatureCache(tmp_path / "c", decoded_segments=1)
@@ -365,8 +365,8 @@ def _write_features(out: Path, table: pa.Table, name: str) -> None:
 def test_cache_stats_and_gc_of_an_output_folder(image_encoder, frames, tmp_path):
     import pyarrow.compute  # noqa: F401  (pa.compute)
 
-    from pipeline.cache_admin import cache_gc, cache_stats, render_stats
-    from pipeline.errors import ConfigError
+    from modalign.pipeline.cache_admin import cache_gc, cache_stats, render_stats
+    from modalign.schemas.errors import ConfigError
 
     table, n_roi = frames
     out = tmp_path / "out"

@@ -1,6 +1,6 @@
 """De-identification efficacy with floors (issue 5): text OCR set, faces, voice linkability.
 
-Each figure is measured by ``pipeline.deid_eval`` with tools the pipeline does not use
+Each figure is measured by ``modalign.pipeline.deid_eval`` with tools the pipeline does not use
 (OpenCV Haar cascade, dlib HOG + 128-d descriptor, resemblyzer), after checking that those
 tools do find / link the ORIGINAL data, so a low "after" figure means something. The OCR
 set (13 pages, ~320 entities) is built once per module. About 1-2 minutes on 2 busy cores;
@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline import deid_eval as de
+from modalign.pipeline import deid_eval as de
 
 pytestmark = pytest.mark.unit
 

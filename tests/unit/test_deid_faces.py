@@ -9,10 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from operators.deid.faces import FaceBlurConfig, FaceBlurOperator, anonymise_region
-from pipeline.errors import ComplianceError, InputError
-from schemas.policy import FacePolicy
-from schemas.tables import Box
+from modalign.operators.deid.faces import FaceBlurConfig, FaceBlurOperator, anonymise_region
+from modalign.schemas.errors import ComplianceError, InputError
+from modalign.schemas.policy import FacePolicy
+from modalign.schemas.tables import Box
 
 pytestmark = pytest.mark.unit
 
@@ -217,7 +217,7 @@ def test_anonymise_region_touches_only_the_box():
 
 def test_deid_modules_import_no_heavy_packages():
     code = (
-        "import sys, operators.deid.faces, operators.deid.text, operators.deid.voice, operators.deid.keystore\n"
+        "import sys, modalign.operators.deid.faces, modalign.operators.deid.text, modalign.operators.deid.voice, modalign.operators.deid.keystore\n"
         "heavy = {'cv2', 'mediapipe', 'spacy', 'torch', 'ray'} & set(sys.modules)\n"
         "assert not heavy, heavy\n"
     )
@@ -227,7 +227,7 @@ def test_deid_modules_import_no_heavy_packages():
 # -- small faces, tiling, mask ---------------------------------------------------------------
 def test_small_faces_in_720p_found_with_tiles(op):
     """Cluttered 1280x720 frames with faces 55-146 px wide: the whole-frame pass misses some."""
-    from pipeline.deid_eval import make_face_samples
+    from modalign.pipeline.deid_eval import make_face_samples
 
     samples = make_face_samples(12, seed=4, size=(1280, 720))
     whole = FaceBlurOperator(FaceBlurConfig(secret=SECRET, face=FacePolicy(tiles=1)))
@@ -249,7 +249,7 @@ def test_small_faces_in_720p_found_with_tiles(op):
 
 
 def test_tile_regions_cover_the_frame_with_overlap():
-    from operators.deid.faces import tile_regions
+    from modalign.operators.deid.faces import tile_regions
 
     regions = tile_regions(1280, 720, 2)
     assert regions[0] == (0, 0, 1280, 720) and len(regions) == 5

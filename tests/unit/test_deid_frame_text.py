@@ -8,16 +8,16 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from operators.deid import frame_text as ft
-from operators.deid.faces import DEID_TYPE
-from operators.deid.frame_text import FrameTextConfig, FrameTextOperator, encode_pgm, parse_tsv, sample_rows, spread
-from pipeline.errors import ComplianceError
+from modalign.operators.deid import frame_text as ft
+from modalign.operators.deid.faces import DEID_TYPE
+from modalign.operators.deid.frame_text import FrameTextConfig, FrameTextOperator, encode_pgm, parse_tsv, sample_rows, spread
+from modalign.schemas.errors import ComplianceError
 
 pytestmark = pytest.mark.unit
 
 H, W = 360, 640
 SECRET = b"t" * 32
-PANEL = (12, 12, 348, 201)  # x0, y0, x1, y1: like pipeline.sample.PANEL_BOX
+PANEL = (12, 12, 348, 201)  # x0, y0, x1, y1: like modalign.pipeline.sample.PANEL_BOX
 LINE_X, LINE_Y0, LINE_DY, FONT_PX = 30, 64, 24, 13
 PII_LINES = (1, 3, 4)  # line indices holding personal data in both texts below
 TEXT_A = (
@@ -154,7 +154,7 @@ def test_spread_unions_neighbouring_samples():
 
 
 def test_config_from_policy():
-    from schemas.policy import DeidPolicy, TextPolicy
+    from modalign.schemas.policy import DeidPolicy, TextPolicy
 
     pol = DeidPolicy(text=TextPolicy(entities=("email", "phone"), min_score=0.7))
     cfg = ft.config_from_policy(pol, b"k" * 32, ocr_fps=2.0)
@@ -267,9 +267,9 @@ def sample_frames(tmp_path_factory):
     """Two windows of room.mp4 (decoded): across the page 0->1 and the page 2->3 change."""
     import av
 
-    from pipeline import sample
-    from schemas.load import load_model
-    from schemas.manifest import Manifest
+    from modalign.pipeline import sample
+    from modalign.schemas.load import load_model
+    from modalign.schemas.manifest import Manifest
 
     d = tmp_path_factory.mktemp("frame_text_sample")
     manifest = load_model(Manifest, sample.generate_sample(d, duration_s=6))
@@ -286,7 +286,7 @@ def sample_frames(tmp_path_factory):
 
 
 def test_sample_panel_pii_removed(sample_frames, op):
-    from pipeline.sample import PANEL_BOX
+    from modalign.pipeline.sample import PANEL_BOX
 
     frames, ts, pages, planted = sample_frames
     assert set(pages) == {0, 1, 2, 3}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from schemas.config import RunConfig
-from schemas.policy import ALL_TEXT_ENTITIES, DEFAULT_POLICY_TAG, DeidPolicy, FacePolicy, TextPolicy, VoicePolicy
+from modalign.schemas.config import RunConfig
+from modalign.schemas.policy import ALL_TEXT_ENTITIES, DEFAULT_POLICY_TAG, DeidPolicy, FacePolicy, TextPolicy, VoicePolicy
 
 pytestmark = pytest.mark.unit
 

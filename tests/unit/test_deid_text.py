@@ -10,13 +10,13 @@ import stat
 import pyarrow as pa
 import pytest
 
-from operators.deid.keystore import KeyStore
-from operators.deid.text import (TextPiiConfig, TextPiiOperator, detect_batch, find_pii, iban_valid, keyed_digest,
+from modalign.operators.deid.keystore import KeyStore
+from modalign.operators.deid.text import (TextPiiConfig, TextPiiOperator, detect_batch, find_pii, iban_valid, keyed_digest,
                                  luhn_valid, pseudonym)
-from pipeline.errors import ComplianceError, ConfigError
-from schemas.arrow import arrow_type
-from schemas.policy import TextPolicy
-from schemas.tables import Word
+from modalign.schemas.errors import ComplianceError, ConfigError
+from modalign.schemas.arrow import arrow_type
+from modalign.schemas.policy import TextPolicy
+from modalign.schemas.tables import Word
 
 pytestmark = pytest.mark.unit
 
@@ -204,7 +204,7 @@ def test_only_policy_entities_replaced(keys):
 
 
 def test_errors_never_carry_text(keys, monkeypatch):
-    import operators.deid.text as text_mod
+    import modalign.operators.deid.text as text_mod
 
     def boom(texts, *a, **k):
         raise ValueError(f"cannot parse {texts[0]!r}")
@@ -366,7 +366,7 @@ def test_per_entity_threshold_switches_a_rule_off(keys):
 
 
 def test_sample_slides_keep_their_headings():
-    from pipeline.sample import PAGES, PLANTED_PII, SLIDE_WORDS
+    from modalign.pipeline.sample import PAGES, PLANTED_PII, SLIDE_WORDS
 
     texts = [title + "\n" + "\n".join(lines) for title, lines in PAGES]
     found = [t[s.start:s.end] for t, spans in zip(texts, detect_batch(texts)) for s in spans]

@@ -8,10 +8,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from operators.deid.voice import (McAdamsTransform, VoicePolicyConfig, VoicePolicyOperator, mark_transformed,
+from modalign.operators.deid.voice import (McAdamsTransform, VoicePolicyConfig, VoicePolicyOperator, mark_transformed,
                                   voice_transform)
-from pipeline.errors import ComplianceError
-from schemas.policy import DEFAULT_POLICY_TAG, VoicePolicy
+from modalign.schemas.errors import ComplianceError
+from modalign.schemas.policy import DEFAULT_POLICY_TAG, VoicePolicy
 
 pytestmark = pytest.mark.unit
 
@@ -152,8 +152,8 @@ def test_anonymise_policy_requires_the_transform_marker():
 
 def test_mfcc_of_anonymised_speech_keeps_timing_and_energy():
     """What the pipeline stores under ``anonymise``: MFCCs of the transformed waveform."""
-    from operators.ingest.audio import AudioMfccOperator
-    from pipeline.deid_eval import espeak_16k
+    from modalign.operators.ingest.audio import AudioMfccOperator
+    from modalign.pipeline.deid_eval import espeak_16k
 
     x = espeak_16k("Storage and network upgrades start next month.", "en-us+m3")
     y = McAdamsTransform(0.8)(x)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.discovery import discover
-from pipeline.errors import ConfigError
+from modalign.pipeline.discovery import discover
+from modalign.schemas.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

@@ -12,10 +12,10 @@ import pytest
 from skimage import data
 from skimage.transform import resize
 
-from operators.cache.keys import BOX_TYPE, feature_schema
-from operators.embed.audio import AudioEmbedConfig, AudioEmbedOperator
-from operators.embed.device import pick_device
-from operators.embed.image import (
+from modalign.operators.cache.keys import BOX_TYPE, feature_schema
+from modalign.operators.embed.audio import AudioEmbedConfig, AudioEmbedOperator
+from modalign.operators.embed.device import pick_device
+from modalign.operators.embed.image import (
     FrameEmbedConfig,
     FrameEmbedOperator,
     ImageEmbedConfig,
@@ -23,8 +23,8 @@ from operators.embed.image import (
     _box_cell_weights,
     packaged_lite0_weights,
 )
-from operators.embed.text import TextBlockEmbedConfig, TextEmbedOperator
-from pipeline.errors import ConfigError, InputError
+from modalign.operators.embed.text import TextBlockEmbedConfig, TextEmbedOperator
+from modalign.schemas.errors import ConfigError, InputError
 
 pytestmark = pytest.mark.unit
 
@@ -67,8 +67,8 @@ def cos(a: np.ndarray, b: np.ndarray) -> float:
 def test_importing_embed_and_cache_modules_loads_no_heavy_package():
     code = (
         "import sys\n"
-        "import operators.embed.image, operators.embed.text, operators.embed.audio, operators.embed.device\n"
-        "import operators.cache.keys, operators.cache.store, operators.cache.index\n"
+        "import modalign.operators.embed.image, modalign.operators.embed.text, modalign.operators.embed.audio, modalign.operators.embed.device\n"
+        "import modalign.operators.cache.keys, modalign.operators.cache.store, modalign.operators.cache.index\n"
         "heavy = [m for m in ('torch', 'faiss', 'sentence_transformers', 'transformers', 'efficientnet_lite_pytorch',"
         " 'ray', 'cv2') if m in sys.modules]\n"
         "print(','.join(heavy))\n"
@@ -399,7 +399,7 @@ def test_vector_encoder_takes_roi_vectors_from_crops(tiny_nets, astronaut):
     assert cos(out["roi"][0][0], out["roi"][0][1]) < 0.999  # each box has its own vector
 
     # through the operator and a cache: a second run is served without the network
-    from operators.cache.store import FeatureCache
+    from modalign.operators.cache.store import FeatureCache
 
     cache = FeatureCache(None)
     table = frames_table(astronaut[None], [[FACE_BOX]])
@@ -466,7 +466,7 @@ def test_user_encoder_names_and_factories_are_validated():
 
 
 def test_no_network_is_loaded_when_every_vector_is_cached(astronaut, text_encoder, tmp_path):
-    from operators.cache.store import FeatureCache
+    from modalign.operators.cache.store import FeatureCache
 
     cache = FeatureCache(tmp_path / "c")
     table = frames_table(astronaut[None], [[FACE_BOX]])
@@ -488,8 +488,8 @@ def test_no_network_is_loaded_when_every_vector_is_cached(astronaut, text_encode
 def test_registry_maps_modalities_to_encoders_and_operators(tiny_nets):
     from types import SimpleNamespace
 
-    from operators.embed.registry import ENCODERS, build_operator, encoder_for, image_embed_config
-    from schemas.config import EmbedConfig
+    from modalign.operators.embed.registry import ENCODERS, build_operator, encoder_for, image_embed_config
+    from modalign.schemas.config import EmbedConfig
 
     assert set(ENCODERS) == {"image", "text", "audio"}
     assert encoder_for("video").name == "efficientnet-lite0" and encoder_for("image").operator == "frame_embed"
@@ -518,7 +518,7 @@ def test_registry_maps_modalities_to_encoders_and_operators(tiny_nets):
 def test_embed_actor_resources():
     import torch
 
-    from operators.embed.device import embed_actor_resources, to_device
+    from modalign.operators.embed.device import embed_actor_resources, to_device
 
     assert embed_actor_resources("cpu", cluster_gpus=4) == {}
     assert embed_actor_resources("auto", cluster_gpus=1) == {"num_gpus": 1}
@@ -553,7 +553,7 @@ def test_cuda_bf16_vectors_agree_with_cpu_fp32(image_encoder, astronaut, coffee)
 def test_cuda_copies_are_pinned_and_oom_splits_on_device(astronaut):
     import torch
 
-    from operators.embed.device import embed_actor_resources, to_device
+    from modalign.operators.embed.device import embed_actor_resources, to_device
 
     x = to_device(torch.from_numpy(astronaut), "cuda")
     torch.cuda.synchronize()

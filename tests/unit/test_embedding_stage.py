@@ -7,10 +7,10 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
-from pipeline.embedding import Embedder
-from schemas.arrow import arrow_type
-from schemas.config import EmbedConfig, RunConfig
-from schemas.tables import Box, FeatureRow
+from modalign.pipeline.embedding import Embedder
+from modalign.schemas.arrow import arrow_type
+from modalign.schemas.config import EmbedConfig, RunConfig
+from modalign.schemas.tables import Box, FeatureRow
 
 pytestmark = pytest.mark.unit
 

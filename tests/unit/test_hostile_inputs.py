@@ -16,12 +16,12 @@ import pyarrow as pa
 import pytest
 
 from hostile_corpus import CORPUS, Hostile, write_corpus
-from operators.ingest.audio import AudioMfccOperator
-from operators.ingest.base import SourceContext
-from operators.ingest.pdf import PdfTextOperator
-from operators.ingest.video import VideoFramesOperator
-from pipeline.errors import InputError
-from schemas.manifest import SourceSpec
+from modalign.operators.ingest.audio import AudioMfccOperator
+from modalign.operators.ingest.base import SourceContext
+from modalign.operators.ingest.pdf import PdfTextOperator
+from modalign.operators.ingest.video import VideoFramesOperator
+from modalign.schemas.errors import InputError
+from modalign.schemas.manifest import SourceSpec
 
 pytestmark = pytest.mark.unit
 

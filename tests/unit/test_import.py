@@ -14,13 +14,13 @@ pytestmark = pytest.mark.unit
 HEAVY = ["torch", "torchaudio", "ray", "faiss", "cv2", "spacy", "mediapipe", "av", "pytesseract",
          "sentence_transformers", "transformers", "duckdb"]
 # Modules whose job is to wire Ray: they may import it (and only they).
-RAY_WIRING = {"pipeline.actors"}
+RAY_WIRING = {"modalign.pipeline.actors"}
 
 
 def _modules() -> list[str]:
-    import operators
-    import pipeline
-    import schemas
+    from modalign import operators
+    from modalign import pipeline
+    from modalign import schemas
 
     names = []
     for pkg in (pipeline, operators, schemas):
@@ -42,4 +42,4 @@ def test_importing_any_module_loads_no_heavy_dependency():
 
 def test_module_list_is_not_empty():
     mods = _modules()
-    assert "pipeline.runner" in mods and "operators.align.aligner" in mods and "schemas.tables" in mods
+    assert "modalign.pipeline.runner" in mods and "modalign.operators.align.aligner" in mods and "modalign.schemas.tables" in mods

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from operators.cache.index import FeatureIndex
+from modalign.operators.cache.index import FeatureIndex
 
 pytestmark = pytest.mark.unit
 

@@ -10,10 +10,10 @@ import pyarrow as pa
 import pytest
 
 from media_faults import fail_after
-from operators.ingest.audio import AudioMfccConfig, AudioMfccOperator, PcmStream, audio_mfcc_schema, decode_audio
-from operators.ingest.base import SourceContext
-from pipeline.errors import InputError, LimitExceededError, UnreadableInputError, UnsupportedInputError
-from schemas.manifest import ClockMapping, SourceSpec
+from modalign.operators.ingest.audio import AudioMfccConfig, AudioMfccOperator, PcmStream, audio_mfcc_schema, decode_audio
+from modalign.operators.ingest.base import SourceContext
+from modalign.schemas.errors import InputError, LimitExceededError, UnreadableInputError, UnsupportedInputError
+from modalign.schemas.manifest import ClockMapping, SourceSpec
 
 pytestmark = pytest.mark.unit
 
@@ -204,7 +204,7 @@ def test_aac_priming_does_not_shift_frames(media):
 
 def test_duration_limit_midway_keeps_the_frames_within_it(media, monkeypatch):
     """A header that declares no duration: the limit is enforced on decoded samples."""
-    import operators.ingest.audio as audio
+    import modalign.operators.ingest.audio as audio
 
     monkeypatch.setattr(audio, "declared_span_ns", lambda *a: (0, None))
     got = []
@@ -246,7 +246,7 @@ def test_vad_off_leaves_voiced_null(media):
 def test_energy_vad_adapts_to_a_steady_noise_floor():
     """A noise level step of +30 dB that stays: voiced at first, then the floor (min of the
     last 3 s) catches up and it counts as noise again."""
-    from operators.ingest.vad import EnergyVad
+    from modalign.operators.ingest.vad import EnergyVad
 
     e = np.r_[np.full(500, -60.0), np.full(1000, -30.0)] + np.random.default_rng(0).normal(0, 0.5, 1500)
     v = EnergyVad(floor_frames=300, threshold_db=10, min_dbfs=-55, hangover_frames=20)
@@ -260,7 +260,7 @@ def test_energy_vad_adapts_to_a_steady_noise_floor():
 
 def test_sound_from_the_first_frame_is_voiced():
     """No history yet: the floor starts at min_dbfs, so a loud start is not taken for noise."""
-    from operators.ingest.vad import EnergyVad
+    from modalign.operators.ingest.vad import EnergyVad
 
     v = EnergyVad(floor_frames=300, threshold_db=10, min_dbfs=-55, hangover_frames=20)
     assert v(np.full(100, -20.0)).all()
@@ -268,7 +268,7 @@ def test_sound_from_the_first_frame_is_voiced():
 
 
 def test_frame_energy_matches_the_definition():
-    from operators.ingest.vad import frame_energy_db
+    from modalign.operators.ingest.vad import frame_energy_db
 
     x = np.random.default_rng(1).standard_normal(16000).astype(np.float32) * 0.1
     n = (x.size - 400) // 160 + 1

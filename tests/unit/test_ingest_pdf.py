@@ -8,10 +8,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from operators.ingest.base import SourceContext
-from operators.ingest.pdf import PdfTextConfig, PdfTextOperator, page_times, pdf_text_schema
-from pipeline.errors import InputTimeoutError, LimitExceededError, UnreadableInputError
-from schemas.manifest import ClockMapping, SourceSpec
+from modalign.operators.ingest.base import SourceContext
+from modalign.operators.ingest.pdf import PdfTextConfig, PdfTextOperator, page_times, pdf_text_schema
+from modalign.schemas.errors import InputTimeoutError, LimitExceededError, UnreadableInputError
+from modalign.schemas.manifest import ClockMapping, SourceSpec
 
 pytestmark = pytest.mark.unit
 
@@ -315,7 +315,7 @@ def test_the_memory_ceiling_stops_a_render_that_needs_more(tmp_path):
 
 
 def test_run_limited_sets_the_address_space_ceiling():
-    from operators.ingest.pdf import run_limited
+    from modalign.operators.ingest.pdf import run_limited
 
     proc = run_limited(["sh", "-c", "ulimit -v"], timeout=10, memory_mb=321)
     assert proc.stdout.decode().strip() == str(321 * 1024)

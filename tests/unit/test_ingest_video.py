@@ -10,10 +10,10 @@ import pyarrow as pa
 import pytest
 
 from media_faults import fail_after
-from operators.ingest.base import SourceContext
-from operators.ingest.video import VideoFramesConfig, VideoFramesOperator, frames_to_numpy, video_frames_schema
-from pipeline.errors import InputError, LimitExceededError, UnreadableInputError, UnsupportedInputError
-from schemas.manifest import ClockMapping, SourceSpec
+from modalign.operators.ingest.base import SourceContext
+from modalign.operators.ingest.video import VideoFramesConfig, VideoFramesOperator, frames_to_numpy, video_frames_schema
+from modalign.schemas.errors import InputError, LimitExceededError, UnreadableInputError, UnsupportedInputError
+from modalign.schemas.manifest import ClockMapping, SourceSpec
 
 pytestmark = pytest.mark.unit
 
@@ -194,7 +194,7 @@ def test_truncated_stream_with_declared_duration_is_partial(tmp_path):
 
 def test_duration_limit_midway_keeps_the_frames_within_it(vfr_clip, monkeypatch):
     """A header that declares no duration: the limit is enforced on decoded PTS."""
-    import operators.ingest.video as video
+    import modalign.operators.ingest.video as video
 
     monkeypatch.setattr(video, "declared_span_ns", lambda *a: (0, None))
     got = []
@@ -266,7 +266,7 @@ def test_display_matrix_rotates_frames_upright(tmp_path, matrix, corner, swapped
 
 
 def test_legacy_rotate_tag_is_clockwise():
-    from operators.ingest.video import quarter_turns
+    from modalign.operators.ingest.video import quarter_turns
 
     class F:
         rotation = 0
@@ -364,7 +364,7 @@ def test_the_audio_track_of_a_video_is_an_audio_source(tmp_path):
     MFCCs of the same file, on the same clock."""
     import av
 
-    from operators.ingest.audio import AudioMfccOperator
+    from modalign.operators.ingest.audio import AudioMfccOperator
 
     path = tmp_path / "av.mp4"
     sr = 16000

@@ -11,11 +11,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from operators.align.aligner import TickAligner
-from operators.align.clock import SessionClock
-from operators.align.offset import estimate_offset, estimate_source_offset
-from pipeline.errors import InputError
-from schemas.manifest import ClockMapping
+from modalign.operators.align.aligner import TickAligner
+from modalign.operators.align.clock import SessionClock
+from modalign.operators.align.offset import estimate_offset, estimate_source_offset
+from modalign.schemas.errors import InputError
+from modalign.schemas.manifest import ClockMapping
 from signals import HI, SR, noise_bursts, record
 
 pytestmark = pytest.mark.unit
@@ -77,9 +77,9 @@ def test_offset_and_skew_of_generated_pairs(speech, offset_ns, skew_ppm):
 
 
 def test_sample_session_lapel_offset_from_the_video_audio(tmp_path):
-    from pipeline.sample import generate_sample
-    from schemas.load import load_model
-    from schemas.manifest import Manifest
+    from modalign.pipeline.sample import generate_sample
+    from modalign.schemas.load import load_model
+    from modalign.schemas.manifest import Manifest
 
     manifest = load_model(Manifest, generate_sample(tmp_path, duration_s=12))
     est = estimate_source_offset(tmp_path / "room.mp4", tmp_path / "lapel.wav", sample_rate_hz=16000)

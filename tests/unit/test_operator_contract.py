@@ -18,17 +18,17 @@ import pyarrow as pa
 import pytest
 from pydantic import ValidationError
 
-import operators
-from operators.base import REGISTRY, TableOperator
-from operators.ingest.base import SourceContext, SourceOperator
-from pipeline.errors import InputError, ModalignError
-from schemas.arrow import arrow_type
-from schemas.manifest import SourceSpec
-from schemas.tables import Box, Word
+from modalign import operators
+from modalign.operators.base import REGISTRY, TableOperator
+from modalign.operators.ingest.base import SourceContext, SourceOperator
+from modalign.schemas.errors import InputError, ModalignError
+from modalign.schemas.arrow import arrow_type
+from modalign.schemas.manifest import SourceSpec
+from modalign.schemas.tables import Box, Word
 
 pytestmark = pytest.mark.unit
 
-for _m in pkgutil.walk_packages(operators.__path__, "operators."):
+for _m in pkgutil.walk_packages(operators.__path__, "modalign.operators."):
     importlib.import_module(_m.name)
 
 
@@ -148,11 +148,11 @@ def test_identity_and_strict_frozen_config(kind):
 def _op(kind: str, tmp_path: Path):
     cls = REGISTRY[kind]
     if kind == "text_pii":
-        from operators.deid.text import TextPiiConfig
+        from modalign.operators.deid.text import TextPiiConfig
 
         return cls(TextPiiConfig(key_store_dir=tmp_path / "keys"))
     if kind == "face_blur":
-        from operators.deid.faces import FaceBlurConfig
+        from modalign.operators.deid.faces import FaceBlurConfig
 
         return cls(FaceBlurConfig(secret=b"k" * 32))
     return cls()

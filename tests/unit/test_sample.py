@@ -1,4 +1,4 @@
-"""Content checks of the generated sample session (pipeline.sample).
+"""Content checks of the generated sample session (modalign.pipeline.sample).
 
 One 6 s session is generated per module and shared; each test decodes what it needs and
 compares it with the ground truth the generator declares.
@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import sample
-from pipeline.errors import ConfigError, DependencyMissingError
-from schemas.load import dump_yaml, load_model
-from schemas.manifest import Manifest
+from modalign.pipeline import sample
+from modalign.schemas.errors import ConfigError, DependencyMissingError
+from modalign.schemas.load import dump_yaml, load_model
+from modalign.schemas.manifest import Manifest
 
 pytestmark = pytest.mark.unit
 
@@ -279,7 +279,7 @@ def test_missing_espeak_names_the_apt_package(tmp_path, monkeypatch):
 
 def test_import_loads_no_heavy_module():
     code = (
-        "import sys, pipeline.sample\n"
+        "import sys, modalign.pipeline.sample\n"
         "heavy = {'av', 'torch', 'ray', 'cv2', 'spacy', 'reportlab', 'PIL', 'skimage', 'scipy'}\n"
         "print(sorted(heavy & set(sys.modules)))\n"
     )

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from pipeline.errors import ConfigError
-from pipeline.layout import with_lineage
-from schemas.config import RunConfig
-from schemas.load import load_model
-from schemas.manifest import Manifest
-from schemas.tables import ALL_TABLES, LineageColumns, MfccRow, RecordRow, TextBlockRow
+from modalign.schemas.errors import ConfigError
+from modalign.pipeline.layout import with_lineage
+from modalign.schemas.config import RunConfig
+from modalign.schemas.load import load_model
+from modalign.schemas.manifest import Manifest
+from modalign.schemas.tables import ALL_TABLES, LineageColumns, MfccRow, RecordRow, TextBlockRow
 
 pytestmark = pytest.mark.unit
 

@@ -13,9 +13,9 @@ from PIL import Image
 from skimage import data
 from skimage.transform import resize
 
-from operators.cache.keys import BOX_TYPE
-from pipeline.errors import ConfigError, UnreadableInputError
-from pipeline.search import find_record, render_results, search
+from modalign.operators.cache.keys import BOX_TYPE
+from modalign.schemas.errors import ConfigError, UnreadableInputError
+from modalign.pipeline.search import find_record, render_results, search
 
 pytestmark = pytest.mark.unit
 
@@ -40,10 +40,10 @@ def photos() -> dict[str, np.ndarray]:
 @pytest.fixture(scope="module")
 def out(tmp_path_factory, photos) -> Path:
     """An output folder as a run leaves it: features, indexes, run.json, PDF events."""
-    from pipeline.embedding import Embedder
-    from pipeline.layout import OutputLayout
-    from pipeline.runner import build_indexes
-    from schemas.config import RunConfig
+    from modalign.pipeline.embedding import Embedder
+    from modalign.pipeline.layout import OutputLayout
+    from modalign.pipeline.runner import build_indexes
+    from modalign.schemas.config import RunConfig
 
     root = tmp_path_factory.mktemp("search") / "out"
     config = RunConfig(embed=RunConfig().embed.model_copy(update={"device": "cpu"}))
@@ -120,8 +120,8 @@ def test_a_record_is_its_own_nearest_neighbour(out):
 
 def test_identical_vectors_put_the_record_first(out):
     """Two rows with the same vector tie at 1.0: the queried record wins the tie."""
-    from operators.cache.index import FeatureIndex
-    from pipeline.layout import OutputLayout
+    from modalign.operators.cache.index import FeatureIndex
+    from modalign.pipeline.layout import OutputLayout
 
     row = find_record(out, "s1/slides/block/0")
     layout = OutputLayout(out)
@@ -146,8 +146,8 @@ def test_identical_vectors_put_the_record_first(out):
 def test_rows_removed_from_the_index_are_not_returned(out, tmp_path):
     import shutil
 
-    from operators.cache.index import FeatureIndex
-    from pipeline.layout import OutputLayout
+    from modalign.operators.cache.index import FeatureIndex
+    from modalign.pipeline.layout import OutputLayout
 
     copy = tmp_path / "out"
     shutil.copytree(out, copy)

@@ -1,0 +1,47 @@
+"""modalign: a streaming multimodal data pipeline (ingest, align, de-identify, embed, lineage).
+
+The public Python API. The repository root is this package: its folders install as
+``modalign.schemas`` (models, errors, Arrow schemas), ``modalign.operators`` (Ray-free
+stage operators) and ``modalign.pipeline`` (Ray, CLI, storage). Importing ``modalign``
+loads none of torch, Ray, FAISS, OpenCV, spaCy or MediaPipe; they load when work starts.
+
+    >>> import modalign
+    >>> summary = modalign.run("sample/manifest.yaml", "out")      # doctest: +SKIP
+    >>> out = modalign.open("out")                                  # doctest: +SKIP
+    >>> out.sessions(), out.table("records").to_table().num_rows    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from os import PathLike
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from modalign.pipeline.outputs import Output
+    from modalign.schemas.config import RunConfig
+
+__all__ = ["run", "open"]
+
+
+def run(
+    input_path: str | PathLike,
+    out: str | PathLike,
+    config: "RunConfig | dict[str, Any] | str | PathLike | None" = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """Run the batch pipeline over a manifest, a folder or a media file into ``out``.
+
+    ``config`` is a ``RunConfig``, a dict of its fields, or a YAML/JSON file; the result is
+    the run summary that ``OUT/run.json`` also holds. Raises ``ConfigError`` before any
+    work when the input or config is invalid.
+    """
+    from modalign.pipeline.runner import run as _run
+
+    return _run(input_path, out, config, progress)
+
+
+def open(out: str | PathLike) -> "Output":  # noqa: A001 - the public name is modalign.open
+    """The output folder of a run: its sessions and its tables as Arrow datasets."""
+    from modalign.pipeline.outputs import Output
+
+    return Output(out)
