@@ -61,6 +61,13 @@ class DeidHeader(BaseModel):
     threshold: F32 = 0.0
 
 
+class PiiCount(BaseModel):
+    """How many personal-data items of one kind a text block held."""
+
+    kind: str = Field(description="entity kind, e.g. person, email, iban")
+    count: I32
+
+
 class Word(BaseModel):
     """One OCR word; ``text`` is already de-identified (a pseudonym where ``entity`` is set)."""
 
@@ -118,7 +125,9 @@ class TextBlockRow(LineageColumns):
     extraction: str = Field(description="ocr | text_layer")
     dpi: I32
     timing: str = Field(description="schedule | sequential")
-    pii_counts: dict[str, int] = Field(description="personal-data items detected in this block, per kind")
+    pii_counts: list[PiiCount] = Field(
+        description="personal-data items detected in this block, one entry per kind found, sorted by kind"
+    )
     deid: DeidHeader
 
 

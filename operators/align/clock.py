@@ -17,8 +17,7 @@ from fractions import Fraction
 import numpy as np
 
 from modalign.schemas.manifest import ClockMapping
-
-NS_PER_S = 1_000_000_000
+from modalign.schemas.units import NS_PER_S
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,8 @@ import numpy as np
 
 from modalign.schemas.errors import InputError
 from modalign.schemas.manifest import ClockMapping
+from modalign.schemas.units import NS_PER_S
 
-NS_PER_S = 1_000_000_000
 ENV_HOP = 80  # envelope frame length in samples at 16 kHz (5 ms); scaled with the sample rate
 PSR_NOISE, PSR_CLEAR = 6.0, 20.0
 ENV_EXCLUDE_S = 0.25

@@ -54,7 +54,7 @@ from pydantic import Field
 from modalign.operators.base import OperatorConfig, TableOperator
 from modalign.operators.deid.faces import (anonymise_region, event_ids, first_str, frame_array, frames_like, region_schema,
                                   tensor_view, with_regions)
-from modalign.operators.deid.text import RULES_VERSION, detect_batch, detector_name, load_nlp
+from modalign.operators.deid.recognisers import RULES_VERSION, detect_batch, detector_name, load_nlp
 from modalign.operators.ingest.pdf import out_of_memory, run_limited
 from modalign.schemas.errors import ComplianceError, DependencyMissingError, InputError, ModalignError
 from modalign.schemas.policy import ALL_TEXT_ENTITIES, DEFAULT_POLICY_TAG, DeidPolicy, TextEntity

@@ -34,12 +34,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from modalign.operators.align.clock import NS_PER_S, samples_to_ns
+from modalign.operators.align.clock import samples_to_ns
 from modalign.operators.ingest._av import check_truncated, declared_span_ns, open_container, partial_error, wav_declared_ns
 from modalign.operators.ingest.base import SourceContext, SourceOperator, event_id
 from modalign.operators.ingest.vad import EnergyVad, frame_energy_db
 from modalign.schemas.errors import LimitExceededError, UnreadableInputError, UnsupportedInputError
 from modalign.schemas.config import AudioIngestConfig
+from modalign.schemas.units import NS_PER_S
 
 GAP_TOLERANCE_NS = 5_000_000  # PTS jumps above this are filled with silence
 

@@ -9,7 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from modalign.operators.align.aligner import TickAligner, drift_segments, match_points, tick_times
+from modalign.operators.align.aligner import TickAligner
+from modalign.operators.align.drift import drift_segments
+from modalign.operators.align.matching import match_points
+from modalign.operators.align.ticks import tick_times
 from modalign.operators.align.clock import SessionClock, pts_to_ns, samples_to_ns
 from modalign.schemas.config import AlignConfig
 from modalign.schemas.manifest import ClockMapping

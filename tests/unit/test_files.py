@@ -1,0 +1,103 @@
+"""schemas.files: the one file hash and the one atomic write."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from pathlib import Path
+
+import pytest
+
+from modalign.schemas.files import HashingReader, atomic_write, sha256_file
+
+pytestmark = pytest.mark.unit
+
+PAYLOAD = bytes(range(256)) * 9001  # ~2.3 MB: spans several read chunks
+
+
+def test_sha256_file_equals_hashlib(tmp_path):
+    p = tmp_path / "blob.bin"
+    p.write_bytes(PAYLOAD)
+    assert sha256_file(p) == hashlib.sha256(PAYLOAD).hexdigest()
+    assert sha256_file(str(p), chunk=7) == hashlib.sha256(PAYLOAD).hexdigest()
+
+
+def test_sha256_of_an_empty_file(tmp_path):
+    p = tmp_path / "empty"
+    p.write_bytes(b"")
+    assert sha256_file(p) == hashlib.sha256(b"").hexdigest()
+
+
+def test_hashing_reader_hashes_what_read_returns(tmp_path):
+    p = tmp_path / "blob.bin"
+    p.write_bytes(PAYLOAD)
+    got = bytearray()
+    with HashingReader(open(p, "rb")) as r:
+        while block := r.read(65_537):
+            got += block
+        assert r.hexdigest() == hashlib.sha256(PAYLOAD).hexdigest() == sha256_file(p)
+        assert r.bytes_read == len(PAYLOAD) and not r.seekable() and r.readable()
+    assert bytes(got) == PAYLOAD and r.closed
+
+
+def test_hashing_reader_readinto_and_partial_reads():
+    r = HashingReader(io.BytesIO(PAYLOAD))
+    buf = bytearray(1000)
+    n = r.readinto(buf)
+    assert n == 1000 and bytes(buf) == PAYLOAD[:1000]
+    assert r.hexdigest() == hashlib.sha256(PAYLOAD[:1000]).hexdigest()  # only what was read so far
+    rest = r.read()
+    assert rest == PAYLOAD[1000:]
+    assert r.hexdigest() == hashlib.sha256(PAYLOAD).hexdigest()
+    assert r.readinto(bytearray(10)) == 0 and r.read() == b""
+
+
+def test_hashing_reader_feeds_a_buffered_reader():
+    """A decoder usually wraps its input in io.BufferedReader, which calls readinto()."""
+    r = HashingReader(io.BytesIO(PAYLOAD))
+    buffered = io.BufferedReader(r, buffer_size=4096)  # type: ignore[arg-type]
+    assert buffered.read() == PAYLOAD
+    assert r.hexdigest() == hashlib.sha256(PAYLOAD).hexdigest()
+
+
+def test_atomic_write_replaces_the_file_and_leaves_no_temporary(tmp_path):
+    p = tmp_path / "sub" / "out.txt"  # the parent folder is created
+    assert atomic_write(p, lambda tmp: Path(tmp).write_text("first")) == p
+    atomic_write(p, lambda tmp: Path(tmp).write_text("second"))
+    assert p.read_text() == "second"
+    assert sorted(os.listdir(p.parent)) == ["out.txt"]
+
+
+def test_a_crash_in_write_fn_keeps_the_old_file_and_removes_the_temporary(tmp_path):
+    p = tmp_path / "out.txt"
+    p.write_text("old")
+
+    def crash(tmp: Path) -> None:
+        tmp.write_text("half a fi")
+        raise RuntimeError("disk on fire")
+
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        atomic_write(p, crash)
+    assert p.read_text() == "old"
+    assert sorted(os.listdir(tmp_path)) == ["out.txt"]
+
+
+def test_a_crash_before_write_fn_creates_anything_is_clean(tmp_path):
+    p = tmp_path / "out.txt"
+
+    def crash(tmp: Path) -> None:
+        raise ValueError("bad table")
+
+    with pytest.raises(ValueError):
+        atomic_write(p, crash)
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_written_file_gets_the_usual_mode(tmp_path):
+    """write_fn creates the file itself, so it is not left private the way mkstemp would."""
+    p = tmp_path / "out.bin"
+    atomic_write(p, lambda tmp: tmp.write_bytes(b"x"))
+    ref = tmp_path / "ref.bin"
+    ref.write_bytes(b"x")
+    assert (p.stat().st_mode & 0o777) == (ref.stat().st_mode & 0o777)
