@@ -15,7 +15,7 @@ upscaled by ``ocr_scale`` (tesseract misses much of ~13 px text at 1x), capped a
 ``ocr_max_pixels`` (default 1280x720: a 360p frame is read at 2x, a 720p frame at 1x,
 where 13 px text is read less well, to stay near real time on one core), encoded as PGM in
 memory and read by tesseract as a subprocess (stdin -> TSV on stdout, under the memory
-ceiling and timeout of ``modalign.operators.ingest.pdf.run_limited``; no image touches the disk).
+ceiling and timeout of ``modalign.operators.sandbox.run_limited``; no image touches the disk).
 Words are grouped into lines (tesseract's block/paragraph/line), the lines of a block are
 joined by newlines and all blocks of all samples of the table go through one
 ``detect_batch`` call (so OCR artefacts are handled as for PDFs, and a name found in one
@@ -42,7 +42,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -55,14 +54,15 @@ from modalign.operators.base import OperatorConfig, TableOperator
 from modalign.operators.deid.faces import (anonymise_region, event_ids, first_str, frame_array, frames_like, region_schema,
                                   tensor_view, with_regions)
 from modalign.operators.deid.recognisers import RULES_VERSION, detect_batch, detector_name, load_nlp
-from modalign.operators.ingest.pdf import out_of_memory, run_limited
-from modalign.schemas.errors import ComplianceError, DependencyMissingError, InputError, ModalignError
+from modalign.operators.dependencies import binary, missing, require_tesseract_langs
+from modalign.operators.sandbox import out_of_memory, run_limited
+from modalign.schemas.errors import ComplianceError, InputError, ModalignError
 from modalign.schemas.policy import ALL_TEXT_ENTITIES, DEFAULT_POLICY_TAG, DeidPolicy, TextEntity
+from modalign.schemas.units import NS_PER_S
 
 TEXT_BOXES = "text_boxes"
 TEXT_DEID = "text_deid"
 METHOD = "blur_permute"
-NS_PER_S = 1_000_000_000
 MERGE_IOU = 0.5  # near-identical boxes of the two neighbouring samples become one
 SALT_SUFFIX = "/frame_text"  # permutation salt = event_id + this (differs from the face boxes')
 
@@ -148,18 +148,14 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
         cfg = self.config
         self._secret = cfg.secret if cfg.secret is not None else os.urandom(32)
         if cfg.action != "keep":
-            self._tesseract = shutil.which("tesseract")
-            if self._tesseract is None:
-                raise DependencyMissingError("the tesseract binary", apt="tesseract-ocr tesseract-ocr-eng")
+            self._tesseract = binary("tesseract")
             try:
                 langs = subprocess.run([self._tesseract, "--list-langs"], capture_output=True, text=True,
                                        timeout=30).stdout.split()
                 ver = subprocess.run([self._tesseract, "--version"], capture_output=True, text=True, timeout=30)
             except (OSError, subprocess.SubprocessError):
-                raise DependencyMissingError("a working tesseract binary", apt="tesseract-ocr") from None
-            for lang in cfg.lang.split("+"):
-                if lang not in langs:
-                    raise DependencyMissingError(f"tesseract language data {lang!r}", apt=f"tesseract-ocr-{lang}")
+                raise missing("tesseract", what="a working tesseract binary") from None
+            require_tesseract_langs(langs, cfg.lang.split("+"))
             m = re.search(r"tesseract\s+v?(\S+)", (ver.stdout or "") + (ver.stderr or ""))
             self._tess_version = m.group(1) if m else "?"
             self._env = {**os.environ, "OMP_THREAD_LIMIT": "1"}  # one core per actor

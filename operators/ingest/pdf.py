@@ -21,9 +21,10 @@ Limits, checked before the expensive step: ``max_pages`` (pdfinfo, before any pa
 ``max_page_pixels`` (page size from pdfinfo x dpi, before any extraction), and
 ``max_image_pixels`` (declared size of each embedded image, from ``pdfimages -list``,
 before rendering: a decompression bomb is never decoded). Every poppler/tesseract process
-runs under an address-space ceiling (``subprocess_memory_mb``, RLIMIT_AS set by
-``ulimit -v`` in a ``sh`` that then execs the tool; ``preexec_fn`` is not thread-safe) and
-a timeout (``render_timeout_s`` for poppler, ``ocr_timeout_s`` for tesseract).
+runs under an address-space ceiling (``subprocess_memory_mb``, RLIMIT_AS set by ``ulimit -v``
+in a ``sh`` that then execs the tool; ``preexec_fn`` is not thread-safe; see
+``modalign.operators.sandbox``) and a timeout (``render_timeout_s`` for poppler,
+``ocr_timeout_s`` for tesseract).
 
 Timing (sample-and-hold): page i is shown from ``t_ns`` until the next page's ``t_ns``
 (``end_t_ns``; None for the last page). With ``spec.page_schedule_ns`` page i starts at
@@ -46,7 +47,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import shutil
 import subprocess
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -56,9 +56,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from modalign.operators.dependencies import POPPLER_TOOLS, binary, require_tesseract_langs
 from modalign.operators.ingest.base import SourceContext, SourceOperator, event_id
-from modalign.schemas.errors import (DependencyMissingError, InputError, InputTimeoutError, LimitExceededError,
-                             UnreadableInputError)
+from modalign.operators.sandbox import out_of_memory, run_limited
+from modalign.schemas.errors import InputError, InputTimeoutError, LimitExceededError, UnreadableInputError
 from modalign.schemas.config import PdfIngestConfig
 from modalign.schemas.tables import LineageColumns, TextBlockRow
 
@@ -67,10 +68,6 @@ XHTML = "{http://www.w3.org/1999/xhtml}"
 # Characters XML 1.0 forbids; a hostile text layer may contain them and break the parser.
 _XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 _PGM_HEADER = re.compile(rb"P5\s+(\d+)\s+(\d+)\s+(\d+)\s")
-# What poppler / tesseract / the loader print when an allocation fails under RLIMIT_AS.
-_OOM_MARKERS = (b"out of memory", b"bad_alloc", b"cannot allocate memory", b"failed to map segment",
-                b"memory exhausted", b"failed to allocate")
-POPPLER_TOOLS = ("pdfinfo", "pdftoppm", "pdftotext", "pdfimages")
 
 
 # The operator's config is the run config's section: one declaration of every field.
@@ -120,25 +117,6 @@ def page_times(ctx: SourceContext, n_pages: int) -> list[PageTime]:
     return [PageTime(s, starts[i + 1] if i + 1 < n_pages else None, timing[i]) for i, s in enumerate(starts)]
 
 
-def run_limited(cmd: list[str], *, timeout: float, memory_mb: int, input: bytes | None = None,
-                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run ``cmd`` with stdout/stderr captured, under RLIMIT_AS = ``memory_mb`` and a timeout.
-
-    The limit is set by ``sh -c 'ulimit -v'`` which then ``exec``s the tool (same pid, so a
-    timeout kills the tool itself); unlike ``preexec_fn`` this is safe with threads.
-    Raises ``subprocess.TimeoutExpired``."""
-    if os.name == "posix" and os.path.exists("/bin/sh"):
-        cmd = ["/bin/sh", "-c", 'ulimit -v "$1" 2>/dev/null; shift; exec "$@"', "sh",
-               str(int(memory_mb) * 1024), *cmd]
-    return subprocess.run(cmd, input=input, capture_output=True, timeout=timeout, env=env)
-
-
-def out_of_memory(proc: subprocess.CompletedProcess) -> bool:
-    """Whether a tool's failure looks like an allocation refused by the memory ceiling."""
-    err = (proc.stderr or b"").lower()
-    return any(m in err for m in _OOM_MARKERS)
-
-
 class PdfTextOperator(SourceOperator[PdfTextConfig]):
     """Text blocks of a PDF, page by page: text layer where present, else OCR."""
 
@@ -151,19 +129,10 @@ class PdfTextOperator(SourceOperator[PdfTextConfig]):
         return pdf_text_schema()
 
     def setup(self) -> None:
-        self._bin = {}
-        for tool in POPPLER_TOOLS:
-            self._bin[tool] = shutil.which(tool)
-            if self._bin[tool] is None:
-                raise DependencyMissingError(f"poppler's {tool}", apt="poppler-utils")
-        self._bin["tesseract"] = shutil.which("tesseract")
-        if self._bin["tesseract"] is None:
-            raise DependencyMissingError("the tesseract binary", apt="tesseract-ocr tesseract-ocr-eng")
+        self._bin = {tool: binary(tool) for tool in (*POPPLER_TOOLS, "tesseract")}
         langs = subprocess.run([self._bin["tesseract"], "--list-langs"], capture_output=True, text=True,
                                timeout=30).stdout
-        if self.config.lang not in langs.split():
-            raise DependencyMissingError(f"tesseract language data {self.config.lang!r}",
-                                         apt=f"tesseract-ocr-{self.config.lang}")
+        require_tesseract_langs(langs.split(), [self.config.lang])
         self._env = {**os.environ, "OMP_THREAD_LIMIT": "1"}  # tesseract's own threads are slower here
         self._ready = True
 

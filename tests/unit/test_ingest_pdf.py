@@ -315,7 +315,7 @@ def test_the_memory_ceiling_stops_a_render_that_needs_more(tmp_path):
 
 
 def test_run_limited_sets_the_address_space_ceiling():
-    from modalign.operators.ingest.pdf import run_limited
+    from modalign.operators.sandbox import run_limited
 
     proc = run_limited(["sh", "-c", "ulimit -v"], timeout=10, memory_mb=321)
     assert proc.stdout.decode().strip() == str(321 * 1024)
