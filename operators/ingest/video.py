@@ -33,12 +33,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from modalign.operators.align.clock import NS_PER_S, pts_to_ns
+from modalign.operators.align.clock import pts_to_ns
+from modalign.operators.dependencies import require
 from modalign.operators.ingest._av import (TRUNCATION_TOLERANCE_NS, check_truncated, declared_span_ns,  # noqa: F401
                                   open_container, partial_error)  # re-exported: the shared helpers' old home
 from modalign.operators.ingest.base import SourceContext, SourceOperator, event_id
 from modalign.schemas.errors import LimitExceededError, UnreadableInputError, UnsupportedInputError
 from modalign.schemas.config import VideoIngestConfig
+from modalign.schemas.units import NS_PER_S
 
 if TYPE_CHECKING:  # pragma: no cover
     import av
@@ -168,8 +170,7 @@ class VideoFramesOperator(SourceOperator[VideoFramesConfig]):
         return video_frames_schema()
 
     def setup(self) -> None:
-        import av  # noqa: F401  (fail here, not mid-stream, when PyAV is absent)
-
+        require("av")  # fail here, not mid-stream, when PyAV is absent
         self._ready = True
 
     def read(self, ctx: SourceContext) -> Iterator[pa.Table]:
