@@ -14,29 +14,20 @@ copy). ``faiss`` is imported lazily.
 
 from __future__ import annotations
 
-import os
-import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from modalign.schemas.errors import DependencyMissingError
+from modalign.operators.dependencies import require
+from modalign.schemas.files import atomic_write
 
 METRICS = ("ip", "l2")
 
 
-def _faiss() -> Any:
-    try:
-        import faiss
-    except ModuleNotFoundError as e:
-        raise DependencyMissingError("python package faiss", pip="faiss-cpu==1.15.1") from e
-    return faiss
-
-
 def faiss_gpu_available() -> bool:
     """True when the installed faiss was built with GPU support and sees a GPU."""
-    faiss = _faiss()
+    faiss = require("faiss")
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
@@ -48,7 +39,7 @@ class FeatureIndex:
             raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
         if dim <= 0:
             raise ValueError("dim must be positive")
-        faiss = _faiss()
+        faiss = require("faiss")
         self.dim = int(dim)
         self.metric = metric
         if _index is None:
@@ -73,11 +64,11 @@ class FeatureIndex:
 
     def _sync_from_gpu(self) -> None:
         if self._gpu is not None:
-            self._cpu = _faiss().index_gpu_to_cpu(self._gpu)
+            self._cpu = require("faiss").index_gpu_to_cpu(self._gpu)
 
     def _sync_to_gpu(self) -> None:
         if self._gpu is not None:
-            self._gpu = _faiss().index_cpu_to_gpu(self._gpu_res, 0, self._cpu)
+            self._gpu = require("faiss").index_cpu_to_gpu(self._gpu_res, 0, self._cpu)
 
     @property
     def ntotal(self) -> int:
@@ -89,7 +80,7 @@ class FeatureIndex:
     def ids(self) -> np.ndarray:
         """Every id held, in insertion order."""
         self._sync_from_gpu()
-        return _faiss().vector_to_array(self._cpu.id_map).astype(np.int64)
+        return require("faiss").vector_to_array(self._cpu.id_map).astype(np.int64)
 
     def __contains__(self, feature_id: object) -> bool:
         return bool(np.isin(np.int64(feature_id), self.ids()))  # type: ignore[arg-type]
@@ -138,7 +129,7 @@ class FeatureIndex:
 
     def remove(self, ids: np.ndarray) -> int:
         """Remove the given ids; returns how many were present."""
-        faiss = _faiss()
+        faiss = require("faiss")
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         if len(ids) == 0 or self.ntotal == 0:
             return 0
@@ -149,22 +140,15 @@ class FeatureIndex:
 
     def save(self, path: Path | str) -> Path:
         """Write the index atomically (temporary file, then rename)."""
-        faiss = _faiss()
+        faiss = require("faiss")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         self._sync_from_gpu()
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-        try:
-            faiss.write_index(self._cpu, str(tmp))
-            os.replace(tmp, path)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
-        return path
+        return atomic_write(path, lambda tmp: faiss.write_index(self._cpu, str(tmp)))
 
     @classmethod
     def load(cls, path: Path | str, *, device: str = "cpu") -> "FeatureIndex":
-        faiss = _faiss()
+        faiss = require("faiss")
         index = faiss.read_index(str(path))
         metric = "ip" if index.metric_type == faiss.METRIC_INNER_PRODUCT else "l2"
         return cls(index.d, metric, device=device, _index=index)

@@ -37,7 +37,6 @@ forward pass. ``remove(keys)`` deletes given entries and nothing else (erasure).
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
@@ -51,6 +50,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from modalign.operators.cache.keys import GRANULARITIES
+from modalign.schemas.files import atomic_write
 
 SEGMENT_GLOB = "cache-*.parquet"
 SEGMENT_SCHEMA = pa.schema(
@@ -435,12 +435,6 @@ def _atomic_write(dest: Path, table: pa.Table) -> list[int]:
     vector data (the unit a lookup decodes); returns the row-group sizes."""
     widest = max(table.column("dim").to_pylist(), default=1) * 4
     rows = max(1, ROW_GROUP_BYTES // max(widest, 1))
-    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        pq.write_table(table, tmp, compression="zstd", row_group_size=rows)
-        os.replace(tmp, dest)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    atomic_write(dest, lambda tmp: pq.write_table(table, tmp, compression="zstd", row_group_size=rows))
     meta = pq.read_metadata(dest)
     return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]

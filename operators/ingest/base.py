@@ -7,7 +7,6 @@ de-identification operators of ``modalign.operators.deid`` have replaced it, in 
 
 from __future__ import annotations
 
-import hashlib
 from abc import abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import pyarrow as pa
 
 from modalign.operators.align.clock import SessionClock
 from modalign.operators.base import C, Operator
+from modalign.schemas.files import sha256_file
 from modalign.schemas.manifest import SourceSpec
 
 
@@ -37,12 +37,8 @@ class SourceContext:
 
 
 def file_version(path: Path, chunk: int = 1 << 20) -> str:
-    """sha256 of a file's bytes, the version recorded in lineage."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return "sha256:" + h.hexdigest()
+    """``sha256:<hex>`` of a file's bytes, the version recorded in lineage."""
+    return "sha256:" + sha256_file(path, chunk)
 
 
 def event_id(session_id: str, source_id: str, kind: str, index: int) -> str:
