@@ -8,11 +8,14 @@ names the file and field.
 
 from __future__ import annotations
 
+import hashlib
+import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
 from modalign.schemas.errors import ConfigError
-from modalign.schemas.load import load_model, read_mapping
+from modalign.schemas.load import load_model, read_mapping, validate_mapping
 from modalign.schemas.manifest import MEDIA_SUFFIXES, Manifest, SourceSpec
 
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
@@ -34,24 +37,40 @@ class Session:
         return self.resolve(spec).resolve().as_uri()
 
 
-def _is_manifest(path: Path) -> bool:
+def _manifest_data(path: Path) -> dict | None:
+    """The parsed mapping of a manifest candidate, or None when ``path`` is not a manifest."""
     if path.suffix.lower() not in MANIFEST_SUFFIXES:
-        return False
+        return None
     try:
         data = read_mapping(path)
     except ConfigError:
-        return False
-    return "sources" in data and "session_id" in data
+        return None
+    return data if "sources" in data and "session_id" in data else None
+
+
+_NOT_ID = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def session_id_for(path: Path) -> str:
+    """A valid session id for a lone media file, from its name.
+
+    Any legal file name works: letters are folded to ASCII (``ü`` -> ``u``), other characters
+    become ``_``, and when that changed the name a short hash of the full name keeps two
+    files that fold alike (``ü.mp4``, ``u.mp4``) apart."""
+    stem = path.stem
+    folded = unicodedata.normalize("NFKD", stem).encode("ascii", "ignore").decode("ascii")
+    sid = _NOT_ID.sub("_", folded).strip("_.-")[:100] or "session"
+    if sid != stem:
+        sid += "-" + hashlib.sha256(path.name.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    return sid
 
 
 def single_source_session(path: Path) -> Session:
     modality = MEDIA_SUFFIXES.get(path.suffix.lower())
     if modality is None:
         raise ConfigError(f"{path}: not a manifest and not a known media type ({', '.join(sorted(MEDIA_SUFFIXES))})")
-    sid = "".join(c if c.isalnum() or c in "_.-" else "_" for c in path.stem) or "session"
-    if not sid[0].isalnum():
-        sid = "s" + sid
-    manifest = Manifest(session_id=sid, sources=[SourceSpec(id="source", uri=path.name, modality=modality)])
+    manifest = Manifest(session_id=session_id_for(path),
+                        sources=[SourceSpec(id="source", uri=path.name, modality=modality)])
     return Session(manifest, path.parent, None)
 
 
@@ -69,8 +88,9 @@ def discover(input_path: Path) -> list[Session]:
     sessions: list[Session] = []
     claimed: set[Path] = set()
     for p in sorted(input_path.rglob("*")):
-        if p.is_file() and _is_manifest(p):
-            s = Session(load_model(Manifest, p), p.parent, p)
+        data = _manifest_data(p) if p.is_file() else None
+        if data is not None:  # parsed once, validated once
+            s = Session(validate_mapping(Manifest, data, p), p.parent, p)
             sessions.append(s)
             claimed.update(s.resolve(spec).resolve() for spec in s.manifest.sources)
     for p in sorted(input_path.rglob("*")):

@@ -2,13 +2,14 @@
 
 A row model's field annotations give both validation (pydantic) and the Arrow column type:
 ``int`` is int64, ``float`` float64, ``str`` string, ``bool`` bool, ``bytes`` binary,
-``list[X]`` a list, a nested ``BaseModel`` a struct, ``X | None`` a nullable column.
+``list[X]`` a list, a ``StrEnum`` string, a nested ``BaseModel`` a struct, ``X | None`` a nullable column.
 Where the default mapping is not what we store (float32 vectors, int32 counters), the
 field says so with ``Annotated[..., Arrow(pa.float32())]``.
 """
 
 from __future__ import annotations
 
+import enum
 import types
 import typing
 from dataclasses import dataclass
@@ -58,6 +59,8 @@ def arrow_type(tp: Any) -> pa.DataType:
         return arrow_type(tp)
     if tp in _SCALARS:
         return _SCALARS[tp]
+    if isinstance(tp, type) and issubclass(tp, enum.StrEnum):  # stored as its string value
+        return pa.string()
     origin = get_origin(tp)
     if origin in (list, tuple):
         (item,) = get_args(tp)[:1]

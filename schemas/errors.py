@@ -16,9 +16,64 @@ retry can help (``retryable``)::
 
 Messages say what failed, for which source and time, and what to do next. They never
 contain personal data: a message names a source URI and a time range, not its content.
+
+A quarantined source or range records why as a ``QuarantineReason`` (the ``code`` of the
+``InputError`` or ``ComplianceError`` that rejected it); ``QuarantineRow`` validates it.
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
+
+
+class QuarantineReason(StrEnum):
+    """Why an input (or a range of it) was quarantined: the stable codes of quarantine rows."""
+
+    # the file itself
+    FILE_MISSING = "file_missing"            # the path is not a file (or vanished before it was read)
+    FILE_EMPTY = "file_empty"                # zero bytes
+    LIMIT_EXCEEDED = "limit_exceeded"        # over a configured size limit (e.g. ingest.max_file_bytes)
+    WRONG_TYPE = "wrong_type"                # a document under a media name
+    NOT_MEDIA = "not_media"                  # FFmpeg reads it only as text art
+    UNREADABLE = "unreadable"                # the container or document cannot be parsed
+    UNSUPPORTED = "unsupported"              # a format or codec modalign does not read
+    NO_VIDEO_STREAM = "no_video_stream"
+    NO_AUDIO_STREAM = "no_audio_stream"
+    # a range of a decodable file
+    DECODE_FAILED = "decode_failed"
+    CORRUPT_FRAMES = "corrupt_frames"
+    TRUNCATED = "truncated"
+    DURATION_EXCEEDED = "duration_exceeded"
+    PIXELS_EXCEEDED = "pixels_exceeded"
+    TIMEOUT = "timeout"
+    # documents
+    NOT_PDF = "not_pdf"
+    PDF_ENCRYPTED = "pdf_encrypted"
+    PDF_CORRUPT = "pdf_corrupt"
+    PDF_EMPTY = "pdf_empty"
+    PAGES_EXCEEDED = "pages_exceeded"
+    INFO_TIMEOUT = "info_timeout"
+    PAGE_TOO_LARGE = "page_too_large"
+    IMAGE_TOO_LARGE = "image_too_large"
+    BLOCKS_EXCEEDED = "blocks_exceeded"
+    MEMORY_EXCEEDED = "memory_exceeded"
+    RENDER_TIMEOUT = "render_timeout"
+    OCR_TIMEOUT = "ocr_timeout"
+    RENDER_FAILED = "render_failed"
+    OCR_FAILED = "ocr_failed"
+    PAGES_FAILED = "pages_failed"            # several pages failed for different reasons
+    # operators and clocks
+    BAD_BATCH = "bad_batch"                  # a table an operator cannot process (schema, type)
+    SCHEMA_MISMATCH = "schema_mismatch"
+    OFFSET_NOT_FOUND = "offset_not_found"    # clock estimation found no consistent offset
+    SKEW_OUT_OF_RANGE = "skew_out_of_range"
+    LATE_SOURCE = "late_source"
+    SOURCE_CONFLICT = "source_conflict"
+    INPUT_INVALID = "input_invalid"
+    DEID_FAILED = "deid_failed"              # de-identification could not be guaranteed: withheld
+    # not the input's fault, recorded so the source's missing rows are explained
+    INTERNAL_ERROR = "internal_error"        # an operator bug; see the worker log
+    WORKER_FAILED = "worker_failed"          # the ingest actor died while processing this source
 
 
 class ModalignError(Exception):

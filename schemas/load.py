@@ -12,14 +12,16 @@ from pydantic import BaseModel, ValidationError
 from modalign.schemas.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
+_YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser where the wheel has it
 
 
-def _format(err: ValidationError, path: Path) -> str:
+def format_validation_error(err: ValidationError, where: Path | str) -> str:
+    """One line naming every bad field by its dotted path, prefixed by the file (or object)."""
     parts = []
     for e in err.errors():
         loc = ".".join(str(x) for x in e["loc"]) or "<root>"
         parts.append(f"{loc}: {e['msg']}")
-    return f"{path}: " + "; ".join(parts)
+    return f"{where}: " + "; ".join(parts)
 
 
 def read_mapping(path: Path) -> dict:
@@ -29,7 +31,7 @@ def read_mapping(path: Path) -> dict:
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
     try:
-        data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+        data = json.loads(text) if str(path).endswith(".json") else yaml.load(text, Loader=_YamlLoader)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path} is not valid YAML/JSON: {exc}") from None
     if data is None:
@@ -39,13 +41,17 @@ def read_mapping(path: Path) -> dict:
     return data
 
 
-def load_model(model: type[M], path: Path) -> M:
-    """Validate a file against ``model``; ConfigError lists every bad field by dotted path."""
-    data = read_mapping(path)
+def validate_mapping(model: type[M], data: dict, where: Path | str) -> M:
+    """Validate parsed data against ``model``; ConfigError lists every bad field by dotted path."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format(exc, Path(path))) from None
+        raise ConfigError(format_validation_error(exc, where)) from None
+
+
+def load_model(model: type[M], path: Path) -> M:
+    """Validate a file against ``model``; ConfigError lists every bad field by dotted path."""
+    return validate_mapping(model, read_mapping(path), path)
 
 
 def dump_yaml(model: BaseModel) -> str:

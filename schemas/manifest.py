@@ -68,6 +68,13 @@ class SourceSpec(_Strict):
     page_duration_ns: int = Field(
         5_000_000_000, gt=0, description="PDF without schedule: each page held this long, sequentially"
     )
+    audio_track: bool = Field(
+        True, description="video only: also ingest the container's own audio stream as the audio source "
+                          "'<id>.audio' (same clock, same de-identification as a separate recording)"
+    )
+    track_of: str | None = Field(
+        None, description="set by modalign, not in manifests: the video source whose audio stream this source is"
+    )
 
     @field_validator("page_schedule_ns")
     @classmethod
@@ -106,6 +113,9 @@ class GroundTruth(_Strict):
     face_source_id: str | None = None
 
 
+TRACK_SUFFIX = ".audio"
+
+
 class Manifest(_Strict):
     """A session: several sources sharing one timeline."""
 
@@ -126,4 +136,19 @@ class Manifest(_Strict):
             ref = s.clock.reference
             if ref is not None and (ref not in seen or ref == s.id):
                 raise ValueError(f"source {s.id!r}: clock.estimate_from/verify_with names no other source ({ref!r})")
+            if s.track_of is not None:
+                raise ValueError(f"source {s.id!r}: track_of is set by modalign, not in a manifest")
+            if s.modality == "video" and s.audio_track and s.id + TRACK_SUFFIX in seen:
+                raise ValueError(f"source {s.id!r}: its audio track would be source {s.id + TRACK_SUFFIX!r}, "
+                                 "which the manifest already names; rename it or set audio_track: false")
         return self
+
+    def ingest_sources(self) -> list[SourceSpec]:
+        """The sources as ingested: each video with ``audio_track`` followed by its audio stream
+        as a source of its own (``<id>.audio``, same uri and clock)."""
+        out: list[SourceSpec] = []
+        for s in self.sources:
+            out.append(s)
+            if s.modality == "video" and s.audio_track:
+                out.append(s.model_copy(update={"id": s.id + TRACK_SUFFIX, "modality": "audio", "track_of": s.id}))
+        return out

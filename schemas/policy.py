@@ -1,8 +1,10 @@
 """De-identification policy: what is removed from each modality, and how.
 
-The policy id and version are stamped on every record and lineage row (``DeidPolicy.tag``,
-``<policy_id>@<version>``), so a compliance team can tell which rules produced any output.
-Bump ``version`` whenever a rule changes. Unknown modalities, actions, entity types or keys
+The policy id, version and a digest of its content are stamped on every record and lineage
+row (``DeidPolicy.tag``, ``<policy_id>@<version>+<8 hex of the canonical JSON's sha256>``), so
+a compliance team can tell which rules produced any output, and a policy changed in a
+config (say voice ``anonymise``) never shares the default's tag. Bump ``version`` whenever
+a default rule changes. Unknown modalities, actions, entity types or keys
 are validation errors (``extra="forbid"`` and literal types), never silently ignored.
 
 Actions per modality:
@@ -140,8 +142,18 @@ class DeidPolicy(_Strict):
     frame_text: FrameTextPolicy = FrameTextPolicy()
 
     @property
+    def digest(self) -> str:
+        """First 8 hex of the sha256 of the policy's canonical JSON: its content, every field."""
+        import hashlib
+        import json
+
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:8]
+
+    @property
     def tag(self) -> str:
-        return f"{self.policy_id}@{self.version}"
+        """``<policy_id>@<version>+<digest>``: two policies that differ in any rule never share a tag."""
+        return f"{self.policy_id}@{self.version}+{self.digest}"
 
 
 DEFAULT_POLICY_TAG = DeidPolicy().tag

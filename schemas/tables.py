@@ -14,6 +14,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from modalign.schemas.arrow import Arrow, arrow_schema
+from modalign.schemas.errors import QuarantineReason
 
 F32List = Annotated[list[float], Arrow(pa.list_(pa.float32()))]
 I32 = Annotated[int, Arrow(pa.int32())]
@@ -23,6 +24,7 @@ F32 = Annotated[float, Arrow(pa.float32())]
 class _Row(BaseModel):
     model_config = ConfigDict(extra="forbid")
     TABLE: ClassVar[str] = ""
+    PATH: ClassVar[str] = ""  # the table's own folder under OUT (one table per folder)
 
     @classmethod
     def schema(cls) -> pa.Schema:
@@ -84,6 +86,7 @@ class VideoFrameRow(LineageColumns):
     """A de-identified video frame (events/video)."""
 
     TABLE: ClassVar[str] = "events_video"
+    PATH: ClassVar[str] = "events/video"
     event_id: str
     t_ns: int
     pts: int = Field(description="presentation timestamp in the stream's time base")
@@ -102,6 +105,7 @@ class MfccRow(LineageColumns):
     """One MFCC frame (10 ms hop) of an audio source (events/audio); the waveform is never stored."""
 
     TABLE: ClassVar[str] = "events_audio"
+    PATH: ClassVar[str] = "events/audio"
     event_id: str
     t_ns: int
     frame_index: int
@@ -114,6 +118,7 @@ class TextBlockRow(LineageColumns):
     """One OCR (or text-layer) block of a PDF page (events/pdf), personal data pseudonymised."""
 
     TABLE: ClassVar[str] = "events_pdf"
+    PATH: ClassVar[str] = "events/pdf"
     event_id: str
     t_ns: int = Field(description="session time from which the page is shown")
     end_t_ns: int | None = Field(description="session time at which the next page replaces it (None: last page)")
@@ -135,6 +140,7 @@ class RecordRow(LineageColumns):
     """One tick x one source of the aligned timeline (records/)."""
 
     TABLE: ClassVar[str] = "records"
+    PATH: ClassVar[str] = "records"
     tick_index: int
     t_ns: int
     modality: str
@@ -148,6 +154,7 @@ class CtalRow(_Row):
     """Cross-modal timestamp alignment log: one row per non-clean tick decision."""
 
     TABLE: ClassVar[str] = "ctal"
+    PATH: ClassVar[str] = "ctal/log"
     event_id: str
     trace_id: str
     session_id: str
@@ -165,6 +172,7 @@ class CtalSummaryRow(_Row):
     """Per-session, per-source alignment summary."""
 
     TABLE: ClassVar[str] = "ctal_summary"
+    PATH: ClassVar[str] = "ctal/summary"
     session_id: str
     source_id: str
     modality: str
@@ -185,6 +193,7 @@ class DriftAlarmRow(_Row):
     """Max pairwise residual above threshold for N consecutive ticks."""
 
     TABLE: ClassVar[str] = "drift_alarms"
+    PATH: ClassVar[str] = "ctal/alarms"
     session_id: str
     start_tick: int
     end_tick: int
@@ -198,6 +207,7 @@ class FeatureRow(LineageColumns):
     """One embedding at one granularity (features/)."""
 
     TABLE: ClassVar[str] = "features"
+    PATH: ClassVar[str] = "features"
     feature_id: int = Field(description="FAISS id of this row")
     cache_key: str
     granularity: str = Field(description="frame | roi | patch")
@@ -213,12 +223,13 @@ class QuarantineRow(_Row):
     """A rejected input or range: never its payload, only what and why."""
 
     TABLE: ClassVar[str] = "quarantine"
+    PATH: ClassVar[str] = "quarantine"
     session_id: str
     source_id: str | None
     source_uri: str
     source_version: str | None
     stage: str
-    reason_code: str
+    reason_code: QuarantineReason
     message: str
     start_t_ns: int | None = None
     end_t_ns: int | None = None
@@ -228,13 +239,14 @@ class SourceLineageRow(_Row):
     """One ingested source and what was removed from it (lineage/sources)."""
 
     TABLE: ClassVar[str] = "lineage_sources"
+    PATH: ClassVar[str] = "lineage/sources"
     run_id: str
     session_id: str
     source_id: str
     source_uri: str
     source_version: str
     modality: str
-    status: str = Field(description="ingested | quarantined | partial")
+    status: str = Field(description="ingested | quarantined | partial | no_stream (a video without sound)")
     events: int
     operators: str
     policy: str
@@ -244,6 +256,7 @@ class SourceLineageRow(_Row):
     clock_skew_ppm: float = 0.0
     clock_method: str = Field("manifest", description="manifest | estimated (against clock_reference)")
     clock_reference: str | None = Field(None, description="source the clock was estimated or verified against")
+    track_of: str | None = Field(None, description="the video source whose own audio stream this source is")
 
 
 ALL_TABLES: tuple[type[_Row], ...] = (

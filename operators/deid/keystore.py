@@ -19,17 +19,11 @@ import secrets
 import stat
 from pathlib import Path
 
+from modalign.schemas.environment import key_store_dir
 from modalign.schemas.errors import ComplianceError, ConfigError
 
 KEY_BYTES = 32
-ENV_VAR = "MODALIGN_KEY_STORE"
 _TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-
-
-def default_root() -> Path:
-    """``$MODALIGN_KEY_STORE`` if set, else ``~/.modalign/keys``."""
-    env = os.environ.get(ENV_VAR)
-    return Path(env).expanduser() if env else Path.home() / ".modalign" / "keys"
 
 
 def validate_tenant(tenant: str) -> str:
@@ -50,7 +44,7 @@ class KeyStore:
     """
 
     def __init__(self, root: Path | str | None = None) -> None:
-        self.root = Path(root).expanduser() if root is not None else default_root()
+        self.root = key_store_dir(root)
 
     def _path(self, tenant: str) -> Path:
         return self.root / f"{validate_tenant(tenant)}.key"

@@ -14,6 +14,8 @@ from modalign.schemas.errors import ComplianceError, InputError
 from modalign.schemas.policy import FacePolicy
 from modalign.schemas.tables import Box
 
+from modalign.schemas.policy import DEFAULT_POLICY_TAG
+
 pytestmark = pytest.mark.unit
 
 H, W = 360, 640
@@ -81,7 +83,7 @@ def test_face_detected_blurred_inside_identical_outside(op, canvas):
     assert diff[inside].mean() > 30
     assert np.array_equal(got[~inside], canvas[~inside])  # bit-identical outside the box
     assert out.column("deid")[0].as_py() == {
-        "policy": "modalign-default@3",
+        "policy": DEFAULT_POLICY_TAG,
         "method": "blur_permute",
         "detector": "mediapipe-face-detection@0.10.21/full-range/tiles2",
         "count": 1,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from pydantic import ValidationError
 
@@ -13,7 +15,8 @@ pytestmark = pytest.mark.unit
 
 def test_default_policy_tag_and_entities():
     pol = DeidPolicy()
-    assert pol.tag == DEFAULT_POLICY_TAG == "modalign-default@3"
+    assert pol.tag == DEFAULT_POLICY_TAG
+    assert re.fullmatch(r"modalign-default@3\+[0-9a-f]{8}", pol.tag)
     assert set(pol.text.entities) == set(ALL_TEXT_ENTITIES) >= {"address", "date_of_birth", "national_id"}
     assert (pol.face.action, pol.voice.action, pol.text.action) == ("blur_permute", "keep_mfcc", "pseudonymise")
 
@@ -32,9 +35,19 @@ def test_policy_loads_from_a_user_mapping_with_legal_basis():
         "voice": {"action": "anonymise", "mcadams_alpha": 0.75},
         "face": {"action": "mask"},
     }})
-    assert cfg.policy.tag == "acme-hr@2026-04"
+    assert cfg.policy.tag.startswith("acme-hr@2026-04+")
     assert cfg.policy.text.action_for("person") == "pseudonymise" and cfg.policy.text.action_for("ip") == "mask"
     assert cfg.policy.voice.mcadams_alpha == 0.75 and cfg.policy.face.action == "mask"
+
+
+def test_a_changed_policy_never_keeps_the_default_tag():
+    """Defect: voice 'anonymise' set in a config still wrote modalign-default@3."""
+    changed = [DeidPolicy(voice={"action": "anonymise"}), DeidPolicy(face={"action": "mask"}),
+               DeidPolicy(text={"actions": {"ip": "mask"}}), DeidPolicy(legal_basis="DPIA-1")]
+    tags = [p.tag for p in changed]
+    assert len(set(tags)) == len(tags) and DEFAULT_POLICY_TAG not in tags
+    assert all(t.startswith("modalign-default@3+") for t in tags)
+    assert DeidPolicy().tag == DeidPolicy.model_validate_json(DeidPolicy().model_dump_json()).tag  # stable
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,7 @@ def test_keep_mfcc_passes_frames_and_adds_header():
     assert out.num_rows == 5
     assert out.drop_columns(["deid"]).equals(table)
     assert out.column("deid").to_pylist() == [
-        {"policy": "modalign-default@3", "method": "waveform_dropped", "detector": "none", "count": 0, "threshold": 0.0}
+        {"policy": DEFAULT_POLICY_TAG, "method": "waveform_dropped", "detector": "none", "count": 0, "threshold": 0.0}
     ] * 5
     # the MFCC values are the input's buffer, not a copy
     a = table.column("mfcc").chunk(0).values.to_numpy()

@@ -19,7 +19,8 @@ def test_folder_of_manifest_and_loose_media(tmp_path):
     (tmp_path / "notes.txt").write_text("ignored")
     sessions = discover(tmp_path)
     ids = [s.manifest.session_id for s in sessions]
-    assert ids == ["meet-1", "lone_call"]  # cam.mp4 belongs to the manifest, not a session of its own
+    assert ids[0] == "meet-1" and len(ids) == 2  # cam.mp4 belongs to the manifest, not a session of its own
+    assert ids[1].startswith("lone_call-")  # the space is folded; a hash of the name keeps it unique
     lone = sessions[1]
     assert lone.manifest.sources[0].modality == "audio"
     assert lone.source_uri(lone.manifest.sources[0]).endswith("lone%20call.wav")
@@ -40,3 +41,27 @@ def test_missing_input_and_unknown_file_type(tmp_path):
         discover(tmp_path / "x.docx")
     with pytest.raises(ConfigError, match="no manifests or media"):
         discover(tmp_path)
+
+
+def test_any_legal_file_name_is_a_session(tmp_path):
+    """Defect: 'dotdot name ü.mp4' stopped the whole run with a pydantic traceback."""
+    names = ["dotdot name ü.mp4", "dotdot name u.mp4", "Łódź 会议.wav", "..hidden.wav", "ä.pdf", "plain.wav"]
+    for n in names:
+        (tmp_path / n).write_bytes(b"x")
+    sessions = discover(tmp_path)
+    ids = {s.manifest.sources[0].uri: s.manifest.session_id for s in sessions}
+    assert set(ids) == set(names) and len(set(ids.values())) == len(names)  # one valid, distinct id each
+    assert ids["plain.wav"] == "plain"
+    assert ids["dotdot name ü.mp4"].startswith("dotdot_name_u-") and ids["Łódź 会议.wav"].startswith("odz-")
+
+
+def test_a_manifest_is_parsed_once(tmp_path, monkeypatch):
+    """Defect: discovery read and parsed every manifest twice."""
+    import modalign.pipeline.discovery as discovery
+
+    (tmp_path / "m.yaml").write_text("session_id: s1\nsources:\n  - {id: a, uri: a.wav, modality: audio}\n")
+    calls = []
+    real = discovery.read_mapping
+    monkeypatch.setattr(discovery, "read_mapping", lambda p: calls.append(p) or real(p))
+    assert [s.manifest.session_id for s in discover(tmp_path)] == ["s1"]
+    assert calls == [tmp_path / "m.yaml"]
