@@ -10,7 +10,7 @@ figures against the targets of issue 4:
 - the aligner's peak memory while streaming (``retain=False``: the caller takes each
   polled table) for 10 vs 60 minutes: tracemalloc peak (numpy + Python objects) and the
   Arrow memory pool's peak, each run in a fresh subprocess: target independent of length;
-- offset/skew estimation (decode two WAVs + ``estimate_source_offset``) on a 10-minute
+- offset/skew estimation (decode two WAVs + ``estimate_offset``) on a 10-minute
   pair with a known offset and skew.
 
 The machine may be shared: timings are best-of-N CPU seconds of this process; the wall
@@ -158,7 +158,8 @@ def _write_wav(path: Path, x: np.ndarray, rate: int) -> None:
 
 def time_offset(minutes: float, offset_ns: int, skew_ppm: float, repeats: int) -> dict:
     """A 10-minute pair of coloured-noise bursts, the second recorder offset and skewed."""
-    from modalign.operators.align.offset import estimate_source_offset
+    from modalign.operators.align.offset import estimate_offset
+    from modalign.operators.ingest.audio import decode_audio
 
     rate, hi = 16_000, 32_000
     rng = np.random.default_rng(1)
@@ -183,7 +184,8 @@ def time_offset(minutes: float, offset_ns: int, skew_ppm: float, repeats: int) -
         best_cpu = best_wall = float("inf")
         for _ in range(repeats):
             c0, w0 = time.process_time(), time.perf_counter()
-            est = estimate_source_offset(ref, other, sample_rate_hz=rate)
+            (a, a0), (b, b0) = decode_audio(ref, rate), decode_audio(other, rate)
+            est = estimate_offset(a, b, rate, ref_start_ns=a0, other_start_ns=b0)
             best_cpu, best_wall = min(best_cpu, time.process_time() - c0), min(best_wall, time.perf_counter() - w0)
     return dict(cpu_s=best_cpu, wall_s=best_wall, offset_err_ms=(est.offset_ns - offset_ns) / 1e6,
                 skew_err_ppm=est.skew_ppm - skew_ppm, windows=len(est.windows), inliers=sum(est.inliers))

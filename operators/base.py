@@ -19,6 +19,19 @@ from pydantic import BaseModel, ConfigDict
 REGISTRY: dict[str, type["Operator"]] = {}
 
 
+def all_operators() -> dict[str, type["Operator"]]:
+    """Every operator of ``modalign.operators``, by kind (imports the operator modules, which
+    load no model: heavy modules load in ``setup()``)."""
+    import importlib
+    import pkgutil
+
+    import modalign.operators as package
+
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        importlib.import_module(info.name)
+    return dict(REGISTRY)
+
+
 class OperatorConfig(BaseModel):
     """Base of operator configs: typed, frozen, unknown keys rejected."""
 

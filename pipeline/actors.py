@@ -40,16 +40,19 @@ class IngestActor:
         _single_threaded()
         self.worker = IngestWorker(RunConfig.model_validate_json(config_json), Path(out_root), Path(key_store_dir))
 
-    def ingest(self, ctx: Any, tenant: str, subjects: tuple[str, ...], reference: Any = None):
-        for kind, payload in self.worker.ingest(ctx, tenant, subjects, reference):
-            if kind == "embed":
-                modality, table = payload
+    def ingest(self, job: Any):
+        from dataclasses import replace
+
+        from modalign.pipeline.items import EmbedItem
+
+        for item in self.worker.ingest(job):
+            if isinstance(item, EmbedItem):
                 # The table is its own stream item (owned by the caller, not a ref nested in
                 # one: ray #58080): the driver forwards that ref to the embedder unread.
-                yield kind, (modality, table.num_rows)
-                yield table
+                yield replace(item, table=None)
+                yield item.table
             else:
-                yield kind, payload
+                yield item
 
 
 @ray.remote(max_restarts=0, max_task_retries=0)
@@ -89,9 +92,9 @@ class AlignerActor:
         sid = self.session_id
         write_table(self.layout.records(sid), res.records)
         write_table(self.layout.ctal(sid), res.ctal)
-        write_jsonl(self.layout.ctal(sid).with_suffix(".jsonl"), res.ctal.to_pylist())
-        write_table(self.layout.ctal(sid, "summary"), res.summary)
-        write_table(self.layout.ctal(sid, "alarms"), res.alarms)
+        write_jsonl(self.layout.ctal_jsonl(sid), res.ctal.to_pylist())
+        write_table(self.layout.ctal_summary(sid), res.summary)
+        write_table(self.layout.drift_alarms(sid), res.alarms)
         return dict(
             ticks=res.ticks, ctal_rows=res.ctal.num_rows, drift_alarms=res.alarms.num_rows,
             gaps=int(sum(r["gaps"] for r in res.summary.to_pylist())), summary=res.summary.to_pylist(),

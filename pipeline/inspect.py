@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from modalign.pipeline.layout import OutputLayout
 from modalign.schemas.errors import ConfigError
 
 
-def _glob(root: Path, pattern: str) -> str | None:
-    return str(root / pattern) if any(root.glob(pattern)) else None
+def _glob(layout: OutputLayout, table: str) -> str | None:
+    """DuckDB glob of every Parquet file of ``table``, or None when it has none."""
+    folder = layout.table_dir(table)
+    return str(folder / "**" / "*.parquet") if folder.is_dir() and any(folder.rglob("*.parquet")) else None
 
 
 def collect(out: Path) -> dict:
@@ -21,26 +24,25 @@ def collect(out: Path) -> dict:
         raise ConfigError(f"{out} is not a modalign output folder (no run.json); run `modalign run ... --out {out}`")
     run = json.loads((out / "run.json").read_text())
     con = duckdb.connect()
+    layout = OutputLayout(out)
     info: dict = {"run": run, "residuals": [], "alarms": [], "quarantine": [], "tables": {}}
-    summary = _glob(out, "ctal/summary/*.parquet")
+    summary = _glob(layout, "ctal_summary")
     if summary:
         info["residuals"] = con.sql(
             f"SELECT session_id, source_id, modality, ticks, matched, gaps, residual_p50_ms, residual_p95_ms, "
             f"residual_max_ms, offset_ns, offset_method FROM read_parquet('{summary}') ORDER BY 1, 2"
         ).to_arrow_table().to_pylist()
-    alarms = _glob(out, "ctal/alarms/*.parquet")
+    alarms = _glob(layout, "drift_alarms")
     if alarms:
         info["alarms"] = con.sql(f"SELECT * FROM read_parquet('{alarms}') ORDER BY session_id, start_tick") \
             .to_arrow_table().to_pylist()
-    q = _glob(out, "quarantine/*.parquet")
+    q = _glob(layout, "quarantine")
     if q:
         info["quarantine"] = con.sql(
             f"SELECT session_id, source_uri, stage, reason_code, message FROM read_parquet('{q}') ORDER BY 1, 2"
         ).to_arrow_table().to_pylist()
-    for name, pattern in [("records", "records/*.parquet"), ("events_video", "events/video/*/*.parquet"),
-                          ("events_audio", "events/audio/*/*.parquet"), ("events_pdf", "events/pdf/*/*.parquet"),
-                          ("ctal", "ctal/*.parquet"), ("features", "features/*/*/*.parquet")]:
-        g = _glob(out, pattern)
+    for name in ("records", "events_video", "events_audio", "events_pdf", "ctal", "features"):
+        g = _glob(layout, name)
         info["tables"][name] = con.sql(f"SELECT count(*) FROM read_parquet('{g}')").fetchall()[0][0] if g else 0
     return info
 

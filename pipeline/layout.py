@@ -1,16 +1,19 @@
 """The output folder: where each table lives, and atomic, idempotent writes.
 
-Every file name is deterministic (session, source, stage, part), so a re-run overwrites
-instead of duplicating; every write goes to a temporary name in the same folder and is
-renamed into place, so a reader never sees half a file.
+Each table has a folder of its own (the row model's ``PATH``, ``schemas.tables``), so a
+recursive reader (pyarrow.dataset, Ray Data, DuckDB globs) pointed at it reads that table
+and nothing else. Every file name is deterministic (session, source, stage, part), so a
+re-run overwrites instead of duplicating; every write goes to a temporary name in the same
+folder and is renamed into place, so a reader never sees half a file.
 
     OUT/run.json                               counts and versions of the last run
     OUT/events/{video,audio,pdf}/SESSION/SOURCE-PART.parquet   de-identified events
     OUT/records/SESSION.parquet                aligned timeline: tick x source
-    OUT/ctal/SESSION.parquet, SESSION.jsonl    CTAL log (non-clean decisions)
+    OUT/ctal/log/SESSION.parquet               CTAL log (non-clean decisions)
+    OUT/ctal/jsonl/SESSION.jsonl               the same log as JSON lines
     OUT/ctal/summary/SESSION.parquet           residual stats and offsets per source
     OUT/ctal/alarms/SESSION.parquet            drift alarms
-    OUT/features/MODEL/GRANULARITY/SESSION-SOURCE-PART.parquet   embeddings
+    OUT/features/MODEL/GRANULARITY/SESSION/SOURCE-PART.parquet   embeddings
     OUT/index/MODEL__GRANULARITY.faiss         FAISS index (ids = features.feature_id)
     OUT/cache/                                 content-addressed feature cache
     OUT/lineage/sources/SESSION.parquet        per source: version, operators, policy, what was removed
@@ -30,6 +33,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from modalign.schemas.tables import (ALL_TABLES, CtalRow, CtalSummaryRow, DriftAlarmRow, FeatureRow, QuarantineRow,
+                                     RecordRow, SourceLineageRow, _Row)
+
+TABLES: dict[str, type[_Row]] = {row.TABLE: row for row in ALL_TABLES}
+
 _SAFE = re.compile(r"[^A-Za-z0-9_.@=-]+")
 
 
@@ -42,22 +50,47 @@ def safe_name(name: str) -> str:
 class OutputLayout:
     root: Path
 
-    def events(self, modality: str, session_id: str, source_id: str, part: int) -> Path:
-        return self.root / "events" / modality / safe_name(session_id) / f"{safe_name(source_id)}-{part:05d}.parquet"
+    def table_dir(self, row: type[_Row] | str) -> Path:
+        """The folder of one table (a row model or its ``TABLE`` name)."""
+        return self.root / (TABLES[row] if isinstance(row, str) else row).PATH
 
-    def events_dir(self, modality: str, session_id: str) -> Path:
-        return self.root / "events" / modality / safe_name(session_id)
+    def events(self, row: type[_Row], session_id: str, source_id: str, part: int) -> Path:
+        return self.events_dir(row, session_id) / f"{safe_name(source_id)}-{part:05d}.parquet"
+
+    def events_dir(self, row: type[_Row], session_id: str) -> Path:
+        return self.table_dir(row) / safe_name(session_id)
+
+    def _per_session(self, row: type[_Row], session_id: str, suffix: str = ".parquet") -> Path:
+        return self.table_dir(row) / f"{safe_name(session_id)}{suffix}"
 
     def records(self, session_id: str) -> Path:
-        return self.root / "records" / f"{safe_name(session_id)}.parquet"
+        return self._per_session(RecordRow, session_id)
 
-    def ctal(self, session_id: str, kind: str = "") -> Path:
-        base = self.root / "ctal" / kind if kind else self.root / "ctal"
-        return base / f"{safe_name(session_id)}.parquet"
+    def ctal(self, session_id: str) -> Path:
+        return self._per_session(CtalRow, session_id)
+
+    def ctal_jsonl(self, session_id: str) -> Path:
+        return self.root / "ctal" / "jsonl" / f"{safe_name(session_id)}.jsonl"
+
+    def ctal_summary(self, session_id: str) -> Path:
+        return self._per_session(CtalSummaryRow, session_id)
+
+    def drift_alarms(self, session_id: str) -> Path:
+        return self._per_session(DriftAlarmRow, session_id)
+
+    def features_dir(self, model_id: str, granularity: str, session_id: str) -> Path:
+        return self.table_dir(FeatureRow) / safe_name(model_id) / granularity / safe_name(session_id)
 
     def features(self, model_id: str, granularity: str, session_id: str, source_id: str, part: int) -> Path:
-        name = f"{safe_name(session_id)}-{safe_name(source_id)}-{part:05d}.parquet"
-        return self.root / "features" / safe_name(model_id) / granularity / name
+        return self.features_dir(model_id, granularity, session_id) / f"{safe_name(source_id)}-{part:05d}.parquet"
+
+    def source_features(self, session_id: str, source_id: str) -> list[Path]:
+        """Every feature part of one source, of any model and granularity."""
+        root = self.table_dir(FeatureRow)
+        if not root.is_dir():
+            return []
+        return sorted(p for p in root.glob(f"*/*/{safe_name(session_id)}/{safe_name(source_id)}-*.parquet")
+                      if _PART.fullmatch(p.name[len(safe_name(source_id)) + 1:]))
 
     def index(self, model_id: str, granularity: str) -> Path:
         return self.root / "index" / f"{safe_name(model_id)}__{granularity}.faiss"
@@ -67,14 +100,17 @@ class OutputLayout:
         return self.root / "cache"
 
     def lineage_sources(self, session_id: str) -> Path:
-        return self.root / "lineage" / "sources" / f"{safe_name(session_id)}.parquet"
+        return self._per_session(SourceLineageRow, session_id)
 
     def quarantine(self, session_id: str) -> Path:
-        return self.root / "quarantine" / f"{safe_name(session_id)}.parquet"
+        return self._per_session(QuarantineRow, session_id)
 
     @property
     def run_json(self) -> Path:
         return self.root / "run.json"
+
+
+_PART = re.compile(r"[0-9]{5}\.parquet")
 
 
 def _atomic(path: Path, write) -> Path:
@@ -134,3 +170,10 @@ def remove_parts(directory: Path, prefix: str) -> None:
     if directory.is_dir():
         for p in directory.glob(f"{safe_name(prefix)}-[0-9][0-9][0-9][0-9][0-9].parquet"):
             p.unlink()
+
+
+def remove_source_outputs(layout: OutputLayout, event_row: type[_Row], session_id: str, source_id: str) -> None:
+    """Remove a source's earlier event and feature parts before it is ingested again."""
+    remove_parts(layout.events_dir(event_row, session_id), source_id)
+    for p in layout.source_features(session_id, source_id):
+        p.unlink()

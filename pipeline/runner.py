@@ -11,7 +11,6 @@ built from the feature files, and ``run.json`` records the counts.
 from __future__ import annotations
 
 import logging
-import os
 import platform
 import threading
 import time
@@ -19,17 +18,21 @@ import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from os import PathLike
 from pathlib import Path
 from typing import Any, Callable
 
-
-from modalign.operators.ingest.base import SourceContext, file_version
+from modalign.operators.modalities import PLANS
 from modalign.pipeline.discovery import Session, discover
-from modalign.schemas.errors import ConfigError
+from modalign.pipeline.items import (ClockItem, DoneItem, EmbedItem, Item, MetaItem, QuarantineItem, SourceItem,
+                                     SourceJob)
 from modalign.pipeline.layout import OutputLayout, write_json, write_table
+from modalign.pipeline.worker import lineage_row
 from modalign.schemas.arrow import rows_to_table
 from modalign.schemas.config import RunConfig
-from modalign.schemas.tables import QuarantineRow, SourceLineageRow
+from modalign.schemas.environment import key_store_dir, ray_temp_dir
+from modalign.schemas.errors import ConfigError, QuarantineReason
+from modalign.schemas.tables import LineageColumns, QuarantineRow, SourceLineageRow
 
 log = logging.getLogger("modalign")
 
@@ -37,33 +40,46 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_QUARANTINED = 3  # the run completed, some inputs (or ranges) were quarantined
 
+# Packages whose versions run.json records; alternatives are distributions of one module
+# (the GPU image swaps faiss-cpu for faiss-gpu).
+VERSIONED_PACKAGES: dict[str, tuple[str, ...]] = {
+    "ray": ("ray",), "torch": ("torch",), "pyarrow": ("pyarrow",), "av": ("av",),
+    "faiss": ("faiss-cpu", "faiss-gpu", "faiss-gpu-cu12", "faiss"),
+}
 
-def default_key_store() -> Path:
-    return Path(os.environ.get("MODALIGN_KEY_STORE", Path.home() / ".modalign" / "keys"))
+
+def package_version(*distributions: str) -> str | None:
+    """Version of the first installed distribution of ``distributions`` (None: none is)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in distributions:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
 
 
 @dataclass
 class _SessionState:
     session: Session
     aligner: Any
-    quarantine: list[dict] = field(default_factory=list)
-    lineage: list[dict] = field(default_factory=list)
+    quarantine: list[QuarantineRow] = field(default_factory=list)
+    lineage: list[SourceLineageRow] = field(default_factory=list)
 
 
 @dataclass
-class _SourceJob:
+class _SourceStream:
     """State of one source's ingest stream on the driver."""
 
-    ctx: SourceContext
+    job: SourceJob
     started: float
-    lineage: dict
     events: int = 0
     part: int = 0
     pending: list = field(default_factory=list)
-    lineage_row: dict | None = None
-    clock: Any = None  # ClockMapping when estimated/verified in the worker
-    windows: list = field(default_factory=list)
-    registered: bool = False
+    done: DoneItem | None = None
+    clock: ClockItem | None = None
+    lineage: LineageColumns | None = None
 
 
 class Runner:
@@ -72,15 +88,18 @@ class Runner:
         self.out = Path(out)
         self.layout = OutputLayout(self.out)
         self.progress = progress or (lambda msg: log.info(msg))
-        self.key_store = Path(config.key_store) if config.key_store else default_key_store()
+        self.key_store = key_store_dir(config.key_store)
         if self.key_store.resolve().is_relative_to(self.out.resolve()):
-            raise ConfigError("key_store must be outside the output folder (pseudonym keys are never outputs)")
+            raise ConfigError(f"key_store {self.key_store} is inside the output folder {self.out}; pseudonym keys "
+                              "are never outputs: set key_store (or $MODALIGN_KEY_STORE) to a folder outside it")
         self.run_id = uuid.uuid4().hex
         self._lock = threading.Lock()
         self.counts: Counter = Counter()
 
     # -- Ray ---------------------------------------------------------------------------
     def _init_ray(self) -> int:
+        import os
+
         import ray
 
         rt = self.config.runtime
@@ -89,9 +108,9 @@ class Runner:
         if rt.address:
             ray.init(address=rt.address, log_to_driver=False)
         else:
-            temp = str(rt.ray_temp_dir) if rt.ray_temp_dir else os.environ.get("RAY_TMPDIR")
+            temp = ray_temp_dir(rt.ray_temp_dir)
             ray.init(num_cpus=rt.num_cpus or os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False, _temp_dir=temp)
+                     configure_logging=False, _temp_dir=str(temp) if temp else None)
         return int(ray.cluster_resources().get("CPU", 1))
 
     # -- the run -----------------------------------------------------------------------
@@ -110,150 +129,155 @@ class Runner:
         cfg_json = self.config.model_dump_json()
         self.progress(f"run {self.run_id[:8]}: {len(sessions)} session(s), {n_ingest} ingest actor(s), {cpus} CPU(s)")
 
-        ingest_actors = [IngestActor.options(num_cpus=1).remote(cfg_json, str(self.out), str(self.key_store))
-                         for _ in range(n_ingest)]
-        gpu = embed_actor_resources(self.config.embed.device, ray.cluster_resources().get("GPU", 0))
-        embedder = EmbedActor.options(num_cpus=1 if cpus > 1 else 0, **gpu).remote(cfg_json, str(self.out))
+        actors: list[Any] = []
+        try:
+            ingest_actors = [IngestActor.options(num_cpus=1).remote(cfg_json, str(self.out), str(self.key_store))
+                             for _ in range(n_ingest)]
+            actors += ingest_actors
+            gpu = embed_actor_resources(self.config.embed.device, ray.cluster_resources().get("GPU", 0))
+            embedder = EmbedActor.options(num_cpus=1 if cpus > 1 else 0, **gpu).remote(cfg_json, str(self.out))
+            actors.append(embedder)
 
-        states: list[_SessionState] = []
-        jobs: list[tuple[_SessionState, SourceContext]] = []
-        for s in sessions:
-            st = _SessionState(s, aligner=None)
-            states.append(st)
-            ctxs = [c for c in (self._context(st, spec) for spec in s.manifest.sources) if c is not None]
-            st.aligner = AlignerActor.options(num_cpus=0).remote(
-                s.manifest.session_id, cfg_json, str(self.out), [c.spec.id for c in ctxs])
-            jobs += [(st, c) for c in ctxs]
+            states: list[_SessionState] = []
+            jobs: list[tuple[_SessionState, SourceJob]] = []
+            for s in sessions:
+                st = _SessionState(s, aligner=None)
+                states.append(st)
+                session_jobs = [j for j in (self._job(st, spec) for spec in s.manifest.ingest_sources()) if j]
+                st.aligner = AlignerActor.options(num_cpus=0).remote(
+                    s.manifest.session_id, cfg_json, str(self.out), [j.spec.id for j in session_jobs])
+                actors.append(st.aligner)
+                jobs += [(st, j) for j in session_jobs]
 
-        with ThreadPoolExecutor(max_workers=n_ingest) as pool:
-            futures = [pool.submit(self._ingest_one, st, ctx, ingest_actors[i % n_ingest], embedder)
-                       for i, (st, ctx) in enumerate(jobs)]
-            for f in futures:
-                f.result()
+            with ThreadPoolExecutor(max_workers=n_ingest) as pool:
+                futures = [pool.submit(self._ingest_one, st, job, ingest_actors[i % n_ingest], embedder)
+                           for i, (st, job) in enumerate(jobs)]
+                for f in futures:
+                    f.result()
 
-        align = {}
-        for st in states:
-            sid = st.session.manifest.session_id
-            align[sid] = ray.get(st.aligner.finish.remote())
-            self.counts["ticks"] += align[sid]["ticks"]
-            self.counts["gaps"] += align[sid]["gaps"]
-            self.counts["ctal_rows"] += align[sid]["ctal_rows"]
-            self.counts["drift_alarms"] += align[sid]["drift_alarms"]
-            self._write_session_tables(st)
-            self.progress(f"align {sid}: {align[sid]['ticks']} ticks, {align[sid]['gaps']} gaps, "
-                          f"{align[sid]['drift_alarms']} drift alarm(s)")
-        cache_stats = ray.get(embedder.flush.remote())
+            align = {}
+            for st in states:
+                sid = st.session.manifest.session_id
+                align[sid] = ray.get(st.aligner.finish.remote())
+                for k in ("ticks", "gaps", "ctal_rows", "drift_alarms"):
+                    self.counts[k] += align[sid][k]
+                self._write_session_tables(st)
+                self.progress(f"align {sid}: {align[sid]['ticks']} ticks, {align[sid]['gaps']} gaps, "
+                              f"{align[sid]['drift_alarms']} drift alarm(s)")
+            cache_stats = ray.get(embedder.flush.remote())
+        finally:  # a failed run must not leave actors (and their models) behind
+            for a in actors:
+                ray.kill(a)
         indexes = build_indexes(self.layout)
-        for a in ingest_actors + [embedder] + [st.aligner for st in states]:
-            ray.kill(a)
-
         summary = self._summary(sessions, align, cache_stats, indexes, time.time() - started)
         write_json(self.layout.run_json, summary)
         return summary
 
-    def _context(self, st: _SessionState, spec) -> SourceContext | None:
+    def _job(self, st: _SessionState, spec) -> SourceJob | None:
+        """The ingest job of one source, or None (and a quarantine row) when its file is unusable."""
         s = st.session
-        path = s.resolve(spec)
-        uri = s.source_uri(spec)
+        m = s.manifest
+        path, uri = s.resolve(spec), s.source_uri(spec)
         problem = None
         if not path.is_file():
-            problem = ("missing", "file not found; check the manifest's uri")
+            problem = (QuarantineReason.FILE_MISSING, "file not found; check the manifest's uri")
         elif path.stat().st_size == 0:
-            problem = ("empty", "file is empty (0 bytes)")
+            problem = (QuarantineReason.FILE_EMPTY, "file is empty (0 bytes)")
         elif path.stat().st_size > self.config.ingest.max_file_bytes:
-            problem = ("limit_exceeded", f"file is larger than ingest.max_file_bytes={self.config.ingest.max_file_bytes}")
-        version = file_version(path) if problem is None or problem[0] == "limit_exceeded" else None
+            problem = (QuarantineReason.LIMIT_EXCEEDED,
+                       f"file is larger than ingest.max_file_bytes={self.config.ingest.max_file_bytes}")
         if problem:
-            self.progress(f"quarantine {uri}: {problem[1]}")
-            st.quarantine.append(dict(session_id=s.manifest.session_id, source_id=spec.id, source_uri=uri,
-                                      source_version=version, stage="discover", reason_code=problem[0],
-                                      message=problem[1]))
+            if spec.track_of is None:  # a video's own sound shares the video's file and its row
+                self.progress(f"quarantine {uri}: {problem[1]}")
+                st.quarantine.append(QuarantineRow(
+                    session_id=m.session_id, source_id=spec.id, source_uri=uri, source_version=None,
+                    stage="discover", reason_code=problem[0], message=problem[1]))
             return None
-        return SourceContext(session_id=s.manifest.session_id, spec=spec, path=path, uri=uri, version=version)
+        return SourceJob(run_id=self.run_id, session_id=m.session_id, spec=spec, path=path, uri=uri,
+                         tenant=m.tenant, subjects=tuple(m.subjects), reference=self._reference(st, spec))
 
-    def _ingest_one(self, st: _SessionState, ctx: SourceContext, actor, embedder) -> None:
+    def _ingest_one(self, st: _SessionState, job: SourceJob, actor, embedder) -> None:
         """Stream one source through an ingest actor, forwarding its items (runs in a driver thread)."""
         import ray
 
-        m = st.session.manifest
-        job = _SourceJob(ctx, started=time.perf_counter(), lineage=dict(
-            session_id=ctx.session_id, source_id=ctx.spec.id, source_uri=ctx.uri, source_version=ctx.version,
-            operators="", policy=self.config.policy.tag, model_id=None))
+        stream_state = _SourceStream(job, started=time.perf_counter())
         limit = self.config.runtime.max_in_flight
         try:
-            stream = actor.ingest.options(num_returns="streaming").remote(
-                ctx, m.tenant, tuple(m.subjects), self._reference(st, ctx))
+            stream = actor.ingest.options(num_returns="streaming").remote(job)
             for ref in stream:
-                kind, payload = ray.get(ref)
-                if kind == "embed":  # the next item is the payload table itself: forward its ref unread
-                    modality, n = payload
-                    payload = (modality, next(stream), n)
-                self._route(st, job, kind, payload, embedder)
-                if len(job.pending) > limit:  # backpressure: at most `limit` downstream calls in flight
-                    done, job.pending = ray.wait(job.pending, num_returns=len(job.pending) - limit)
+                item = ray.get(ref)
+                if isinstance(item, EmbedItem):  # the next stream item is its table: forward that ref unread
+                    item = EmbedItem(item.modality, item.rows, next(stream))
+                self._route(st, stream_state, item, embedder)
+                if len(stream_state.pending) > limit:  # backpressure: at most `limit` downstream calls in flight
+                    done, stream_state.pending = ray.wait(stream_state.pending,
+                                                          num_returns=len(stream_state.pending) - limit)
                     self._collect(done)
         except ray.exceptions.RayError as exc:  # the worker died mid-source: quarantine, keep the run going
-            self._route(st, job, "quarantine", dict(
-                session_id=ctx.session_id, source_id=ctx.spec.id, source_uri=ctx.uri, source_version=ctx.version,
-                stage=f"ingest/{ctx.spec.modality}", reason_code="worker_failed",
-                message=f"ingest worker failed ({type(exc).__name__}); re-run to retry"), embedder)
-        if job.registered:  # no more events from this source: its ticks can be decided
-            job.pending.append(st.aligner.finish_source.remote(ctx.spec.id))
-        self._collect(ray.get(job.pending))
-        row = job.lineage_row or dict(job.lineage, modality=ctx.spec.modality, status="quarantined",
-                                      events=job.events, deid=[], subjects=list(m.subjects))
-        clock = job.clock or ctx.spec.clock
-        row.update(clock_offset_ns=clock.offset_ns, clock_skew_ppm=clock.skew_ppm,
-                   clock_method="estimated" if clock.estimated else "manifest", clock_reference=clock.reference)
+            self._route(st, stream_state, QuarantineItem(QuarantineRow(
+                session_id=job.session_id, source_id=job.spec.id, source_uri=job.uri,
+                source_version=stream_state.lineage.source_version if stream_state.lineage else None,
+                stage=f"ingest/{job.spec.modality}", reason_code=QuarantineReason.WORKER_FAILED,
+                message=f"ingest worker failed ({type(exc).__name__}); re-run to retry")), embedder)
+        if stream_state.lineage is not None:  # no more events from this source: its ticks can be decided
+            stream_state.pending.append(st.aligner.finish_source.remote(job.spec.id))
+        self._collect(ray.get(stream_state.pending))
+        done = stream_state.done
+        if done is None:  # the worker died before its last item
+            lineage = stream_state.lineage or LineageColumns(
+                session_id=job.session_id, source_id=job.spec.id, source_uri=job.uri, source_version="",
+                operators="", policy=self.config.policy.tag)
+            clock = stream_state.clock.mapping if stream_state.clock else job.spec.clock
+            done = DoneItem(lineage_row(job, lineage, clock, status="quarantined", events=stream_state.events))
         with self._lock:
-            row["run_id"] = self.run_id
-            st.lineage.append(row)
-            self.counts[f"events_{ctx.spec.modality}"] += job.events
-            for h in row["deid"]:
-                self.counts[removed_kind(ctx.spec.modality, h)] += h["count"]
-        self.progress(f"ingest {ctx.session_id}/{ctx.spec.id} ({ctx.spec.modality}): {job.events} events, "
-                      f"{row['status']}")
+            st.lineage.append(done.row)
+            self.counts[f"events_{job.spec.modality}"] += stream_state.events
+            self.counts.update(done.counts)
+        self.progress(f"ingest {job.session_id}/{job.spec.id} ({job.spec.modality}): {stream_state.events} events, "
+                      f"{done.row.status}")
 
-    def _route(self, st: _SessionState, job: "_SourceJob", kind: str, payload: Any, embedder) -> None:
+    def _route(self, st: _SessionState, src: _SourceStream, item: Item, embedder) -> None:
         """Forward one ingest item: metadata to the aligner, payload to the embedder, rows to the driver."""
-        ctx = job.ctx
-        if kind == "clock":  # the mapping the source was ingested with, and measured window offsets
-            job.clock, job.windows = payload
-            if job.clock.estimated:
-                self.progress(f"clock {ctx.session_id}/{ctx.spec.id}: offset {job.clock.offset_ns / 1e6:+.1f} ms, "
-                              f"skew {job.clock.skew_ppm:+.1f} ppm (estimated against {job.clock.estimate_from})")
-        elif kind == "source":  # the lineage columns every row of this source carries
-            job.lineage = payload
-            clock = job.clock or ctx.spec.clock
-            job.pending.append(st.aligner.register.remote(ctx.spec.id, ctx.spec.modality, payload, clock))
-            if job.windows:
-                job.pending.append(st.aligner.observe_offsets.remote(ctx.spec.id, job.windows))
-            job.registered = True
-        elif kind == "meta":
-            job.events += payload.num_rows
-            latency = (time.perf_counter() - job.started) * 1e3
-            job.pending.append(st.aligner.add.remote(ctx.spec.id, payload, latency))
-        elif kind == "embed":
-            modality, table_ref, n = payload
-            if n:
-                job.pending.append(embedder.embed.remote(modality, table_ref, job.lineage, job.part))
-                job.part += 1
-        elif kind == "quarantine":
-            self.progress(f"quarantine {payload['source_uri']}: [{payload['reason_code']}] {payload['message']}")
-            with self._lock:
-                st.quarantine.append(payload)
-        elif kind == "lineage":
-            job.lineage_row = payload
+        job = src.job
+        match item:
+            case ClockItem(mapping=clock):
+                src.clock = item
+                if clock.estimated:
+                    self.progress(f"clock {job.session_id}/{job.spec.id}: offset {clock.offset_ns / 1e6:+.1f} ms, "
+                                  f"skew {clock.skew_ppm:+.1f} ppm (estimated against {clock.estimate_from})")
+            case SourceItem(lineage=lineage):
+                src.lineage = lineage
+                clock = src.clock.mapping if src.clock else job.spec.clock
+                src.pending.append(st.aligner.register.remote(job.spec.id, job.spec.modality, lineage.model_dump(),
+                                                              clock))
+                if src.clock and src.clock.windows:
+                    src.pending.append(st.aligner.observe_offsets.remote(job.spec.id, src.clock.windows))
+            case MetaItem(table=table):
+                src.events += table.num_rows
+                latency = (time.perf_counter() - src.started) * 1e3
+                src.pending.append(st.aligner.add.remote(job.spec.id, table, latency))
+            case EmbedItem(modality=modality, rows=rows, table=table_ref):
+                if rows:
+                    lineage = src.lineage.model_dump() if src.lineage else {}
+                    src.pending.append(embedder.embed.remote(modality, table_ref, lineage, src.part))
+                    src.part += 1
+            case QuarantineItem(row=row):
+                self.progress(f"quarantine {row.source_uri}: [{row.reason_code}] {row.message}")
+                with self._lock:
+                    st.quarantine.append(row)
+            case DoneItem():
+                src.done = item
 
-    def _reference(self, st: _SessionState, ctx: SourceContext) -> tuple[Path, Any] | None:
+    def _reference(self, st: _SessionState, spec) -> tuple[Path, Any] | None:
         """(path, clock) of the source this one's clock is estimated or verified against."""
-        ref_id = ctx.spec.clock.reference
+        ref_id = spec.clock.reference
         if ref_id is None:
             return None
         ref = next(s for s in st.session.manifest.sources if s.id == ref_id)
         path = st.session.resolve(ref)
         if not path.is_file():
-            self.progress(f"clock {ctx.session_id}/{ctx.spec.id}: reference {ref_id} is missing; manifest clock kept")
+            self.progress(f"clock {st.session.manifest.session_id}/{spec.id}: reference {ref_id} is missing; "
+                          "manifest clock kept")
             return None
         return path, ref.clock
 
@@ -271,17 +295,17 @@ class Runner:
 
     def _write_session_tables(self, st: _SessionState) -> None:
         sid = st.session.manifest.session_id
-        write_table(self.layout.quarantine(sid), rows_to_table(QuarantineRow, st.quarantine))
-        rows = [{k: r[k] for k in SourceLineageRow.model_fields} for r in st.lineage]
-        write_table(self.layout.lineage_sources(sid), rows_to_table(SourceLineageRow, rows))
+        write_table(self.layout.quarantine(sid),
+                    rows_to_table(QuarantineRow, [r.model_dump(mode="json") for r in st.quarantine]))
+        write_table(self.layout.lineage_sources(sid),
+                    rows_to_table(SourceLineageRow, [r.model_dump(mode="json") for r in st.lineage]))
         self.counts["quarantined"] += len(st.quarantine)
 
     def _summary(self, sessions, align, cache_stats, indexes, elapsed_s: float) -> dict:
-        from importlib.metadata import version
-
-        from modalign.operators.base import REGISTRY
+        from modalign.operators.base import all_operators
 
         c = self.counts
+        removed = sorted({name for plan in PLANS.values() for name in plan.counters})
         return {
             "run_id": self.run_id,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -289,13 +313,12 @@ class Runner:
             "counts": {
                 "sessions": len(sessions),
                 "ticks": c["ticks"],
-                "events": {m: c[f"events_{m}"] for m in ("video", "audio", "pdf")},
+                "events": {m: c[f"events_{m}"] for m in PLANS},
                 "gaps": c["gaps"],
                 "ctal_rows": c["ctal_rows"],
                 "drift_alarms": c["drift_alarms"],
-                "faces_blurred": c["faces_blurred"],
-                "pii_replaced": c["pii_replaced"],
-                "frame_text_blurred": c["frame_text_blurred"],
+                **{name: c[name] for name in removed},
+                "voice_frames": {k.split(":", 1)[1]: n for k, n in sorted(c.items()) if k.startswith("voice_frames:")},
                 "features": {g: c[f"features_{g}"] for g in ("frame", "roi", "patch")},
                 "cache": {k: cache_stats[k] for k in ("hits", "misses", "hit_rate")},
                 "quarantined": c["quarantined"],
@@ -303,24 +326,15 @@ class Runner:
             "alignment": {sid: a["summary"] for sid, a in align.items()},
             "indexes": indexes,
             "versions": {
-                "modalign": version("modalign"),
+                "modalign": package_version("modalign"),
                 "python": platform.python_version(),
                 "policy": self.config.policy.tag,
-                "operators": {k: op.version for k, op in sorted(REGISTRY.items())},
-                **{p: version(p) for p in ("ray", "torch", "pyarrow", "av", "faiss-cpu")},
+                "operators": {kind: op.version for kind, op in sorted(all_operators().items())},
+                **{name: package_version(*dists) for name, dists in VERSIONED_PACKAGES.items()},
             },
             "config": self.config.model_dump(mode="json"),
             "exit_code": EXIT_QUARANTINED if c["quarantined"] else EXIT_OK,
         }
-
-
-def removed_kind(modality: str, header: dict) -> str:
-    """The run.json counter a de-identification header adds to."""
-    if modality == "video":
-        return "faces_blurred" if header["detector"].startswith("mediapipe") else "frame_text_blurred"
-    if modality == "pdf":
-        return "pii_replaced"
-    return "voice_" + header["method"]
 
 
 def build_indexes(layout: OutputLayout) -> list[dict]:
@@ -351,6 +365,26 @@ def build_indexes(layout: OutputLayout) -> list[dict]:
     return built
 
 
-def run(input_path: Path, out: Path, config: RunConfig | None = None, progress=None) -> dict:
-    return Runner(config or RunConfig(), out, progress).run(input_path)
+def resolve_config(config: "RunConfig | dict | str | PathLike | None") -> RunConfig:
+    """A ``RunConfig`` from itself, a dict of its fields, a YAML/JSON file, or None (defaults)."""
+    from pydantic import ValidationError
+
+    from modalign.schemas.load import format_validation_error, load_model
+
+    if config is None:
+        return RunConfig()
+    if isinstance(config, RunConfig):
+        return config
+    if isinstance(config, dict):
+        try:
+            return RunConfig.model_validate(config)
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc, "config")) from None
+    return load_model(RunConfig, Path(config))
+
+
+def run(input_path: str | PathLike, out: str | PathLike, config: Any = None,
+        progress: Callable[[str], None] | None = None) -> dict:
+    """``modalign run``: the batch job (see ``modalign.run``)."""
+    return Runner(resolve_config(config), Path(out), progress).run(Path(input_path))
 

@@ -56,7 +56,7 @@ def _feature_dirs(layout: OutputLayout) -> dict[tuple[str, str], Path]:
     found = {}
     if root.is_dir():
         for model_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-            for gran_dir in sorted(p for p in model_dir.iterdir() if p.is_dir() and any(p.glob("*.parquet"))):
+            for gran_dir in sorted(p for p in model_dir.iterdir() if p.is_dir() and any(p.rglob("*.parquet"))):
                 found[(model_dir.name, gran_dir.name)] = gran_dir
     return found
 

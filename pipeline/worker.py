@@ -1,28 +1,16 @@
 """The ingest worker: decode one source and de-identify it, inside one process.
 
-This is the body of the Ray ingest actor (``modalign.pipeline.actors``) but knows nothing about
-Ray, so it runs in tests in-process. Raw payload (pixels, waveform, OCR text) exists only
-between the decode operator and the de-identification operator of this process; what
-leaves (the yielded items and the event files) is de-identified.
-
-``ingest`` yields ``(kind, payload)`` items:
-
-- ``("clock", (mapping, windows))``: when the source's clock is estimated or verified
-  against another source: the mapping ingested with and the per-window observed offsets;
-- ``("source", lineage)``: then, the lineage columns of every row of this source;
-- ``("meta", table)``: event ids and session times for the aligner;
-- ``("embed", (modality, table))``: de-identified payload sampled for embedding;
-- ``("quarantine", row)``: a rejected source or range (``QuarantineRow`` fields);
-- ``("lineage", row)``: last item, the source's ``SourceLineageRow`` fields.
+This is the body of the Ray ingest actor (``modalign.pipeline.actors``) but knows nothing
+about Ray, so it runs in tests in-process. Raw payload (pixels, waveform, OCR text) exists
+only between the source operator and the de-identification chain of this process; what
+leaves (the yielded items and the event files) is de-identified. Which operators run,
+what is stored and what is embedded comes from the modality's plan
+(``modalign.operators.modalities``); the items it yields are ``modalign.pipeline.items``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import io
 import logging
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -31,32 +19,25 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from modalign.operators.ingest.base import SourceContext
-from modalign.schemas.errors import ComplianceError, InputError
-from modalign.pipeline.layout import OutputLayout, remove_parts, with_lineage, write_table
+from modalign.operators.ingest.base import SourceContext, file_version
+from modalign.operators.modalities import DeidContext, ModalityPlan, plan_for
+from modalign.pipeline.items import (ClockItem, DoneItem, EmbedItem, Item, MetaItem, QuarantineItem, SourceItem,
+                                     SourceJob)
+from modalign.pipeline.layout import OutputLayout, remove_source_outputs, with_lineage, write_table
 from modalign.schemas.config import RunConfig
+from modalign.schemas.errors import ComplianceError, InputError, QuarantineReason
 from modalign.schemas.manifest import ClockMapping
-from modalign.schemas.tables import MfccRow, TextBlockRow, VideoFrameRow
+from modalign.schemas.tables import DeidHeader, LineageColumns, QuarantineRow, SourceLineageRow
+from modalign.schemas.units import NS_PER_S
 
 log = logging.getLogger(__name__)
 
-Item = tuple[str, Any]
-
-
-def encode_jpeg(frames: np.ndarray, quality: int) -> list[bytes]:
-    from PIL import Image
-
-    out = []
-    for f in frames:
-        buf = io.BytesIO()
-        Image.fromarray(f).save(buf, format="JPEG", quality=quality)
-        out.append(buf.getvalue())
-    return out
+HEADER_COLUMNS = ("deid", "text_deid")  # de-identification header columns an event table may carry
 
 
 def sample_every(t_ns: np.ndarray, fps: float, state: dict) -> np.ndarray:
     """Mask keeping the first event at or after each 1/fps step (state carries across batches)."""
-    step = int(round(1e9 / fps))
+    step = int(round(NS_PER_S / fps))
     keep = np.zeros(len(t_ns), dtype=bool)
     nxt = state.get("next")
     for i, t in enumerate(t_ns.tolist()):
@@ -67,6 +48,26 @@ def sample_every(t_ns: np.ndarray, fps: float, state: dict) -> np.ndarray:
     return keep
 
 
+def quarantine_row(job: SourceJob, version: str | None, exc: InputError | ComplianceError) -> QuarantineRow:
+    """The quarantine row of an error raised while ingesting ``job``'s source."""
+    return QuarantineRow(
+        session_id=job.session_id, source_id=job.spec.id, source_uri=job.uri, source_version=version,
+        stage=exc.stage or f"ingest/{job.spec.modality}", reason_code=exc.code, message=exc.message,
+        start_t_ns=getattr(exc, "start_t_ns", None), end_t_ns=getattr(exc, "end_t_ns", None))
+
+
+def lineage_row(job: SourceJob, lineage: LineageColumns, clock: ClockMapping, *, status: str, events: int = 0,
+                deid: list[DeidHeader] | None = None) -> SourceLineageRow:
+    """The ``lineage/sources`` row of one source: what it is, how it was timed, what was removed."""
+    return SourceLineageRow(
+        run_id=job.run_id, session_id=job.session_id, source_id=job.spec.id, source_uri=job.uri,
+        source_version=lineage.source_version, modality=job.spec.modality, status=status, events=events,
+        operators=lineage.operators, policy=lineage.policy, deid=deid or [], subjects=list(job.subjects),
+        clock_offset_ns=clock.offset_ns, clock_skew_ppm=clock.skew_ppm,
+        clock_method="estimated" if clock.estimated else "manifest", clock_reference=clock.reference,
+        track_of=job.spec.track_of)
+
+
 class IngestWorker:
     """Holds the ingest and de-identification operators of one actor (models loaded once)."""
 
@@ -74,84 +75,53 @@ class IngestWorker:
         self.config = config
         self.layout = OutputLayout(Path(out_root))
         self.key_store_dir = Path(key_store_dir)
-        self._ops: dict[str, Any] = {}
+        self._chains: dict[tuple[str, str], list[Any]] = {}
 
-    # -- operators, built once per worker -------------------------------------------------
-    def _op(self, name: str, tenant: str = "default"):
-        key = f"{name}:{tenant}"
-        if key not in self._ops:
-            self._ops[key] = self._build(name, tenant)
-        return self._ops[key]
-
-    def _build(self, name: str, tenant: str):
-        cfg, pol = self.config, self.config.policy
-        if name == "video":
-            from modalign.operators.ingest.video import VideoFramesOperator
-
-            return VideoFramesOperator(cfg.ingest.video)
-        if name == "audio":
-            from modalign.operators.deid.voice import voice_transform
-            from modalign.operators.ingest.audio import AudioMfccOperator
-
-            # Voice anonymisation happens on the waveform, before MFCC, in this process.
-            return AudioMfccOperator(cfg.ingest.audio,
-                                     waveform_transform=voice_transform(pol.voice, cfg.ingest.audio.sample_rate_hz))
-        if name == "pdf":
-            from modalign.operators.ingest.pdf import PdfTextOperator
-
-            return PdfTextOperator(cfg.ingest.pdf)
-        if name == "face":
-            from modalign.operators.deid.faces import FaceBlurConfig, FaceBlurOperator
-
-            return FaceBlurOperator(FaceBlurConfig(face=pol.face, policy_tag=pol.tag,
-                                                   secret=self._subkey(tenant, b"face-permutation")))
-        if name == "frame_text":
-            from modalign.operators.deid.frame_text import FrameTextOperator, config_from_policy
-
-            ft = pol.frame_text
-            return FrameTextOperator(config_from_policy(pol, self._subkey(tenant, b"frame-text-permutation"),
-                                                        ocr_fps=ft.ocr_fps,
-                                                        **({"action": "keep"} if ft.action == "keep" else {})))
-        if name == "text":
-            from modalign.operators.deid.text import TextPiiConfig, TextPiiOperator
-
-            return TextPiiOperator(TextPiiConfig(
-                text=pol.text, policy_tag=pol.tag, tenant=tenant, key_store_dir=self.key_store_dir))
-        if name == "voice":
-            from modalign.operators.deid.voice import VoicePolicyConfig, VoicePolicyOperator
-
-            return VoicePolicyOperator(VoicePolicyConfig(voice=pol.voice, policy_tag=pol.tag,
-                                                         sample_rate_hz=cfg.ingest.audio.sample_rate_hz))
-        raise KeyError(name)
-
-    def _subkey(self, tenant: str, purpose: bytes) -> bytes:
-        """A sub-key of the tenant key: deleting the tenant key also retires what it keyed."""
-        from modalign.operators.deid.keystore import KeyStore
-
-        return hmac.new(KeyStore(self.key_store_dir).key(tenant), purpose, hashlib.sha256).digest()
+    def chain(self, modality: str, tenant: str = "default") -> list[Any]:
+        """The source operator and de-identification chain of a modality, built once per tenant."""
+        key = (modality, tenant)
+        if key not in self._chains:
+            plan, ctx = plan_for(modality), DeidContext(self.config, tenant, self.key_store_dir)
+            self._chains[key] = [plan.source(ctx)] + [build(ctx) for build in plan.deid]
+        return self._chains[key]
 
     # -- one source -----------------------------------------------------------------------
-    def ingest(
-        self, ctx: SourceContext, tenant: str = "default", subjects: tuple[str, ...] = (),
-        reference: tuple[Path, ClockMapping] | None = None,
-    ) -> Iterator[Item]:
-        """Ingest one source; ``reference`` (path, clock) when its clock is estimated/verified against it."""
-        if reference is not None:
-            ctx, clock_item = self._clock(ctx, *reference)
-            yield clock_item
-        modality = ctx.spec.modality
-        chain = {"video": ("video", "face", "frame_text"), "audio": ("audio", "voice"), "pdf": ("pdf", "text")}[modality]
-        ops = [self._op(n, tenant) for n in chain]
-        lineage = dict(
-            session_id=ctx.session_id, source_id=ctx.spec.id, source_uri=ctx.uri, source_version=ctx.version,
-            operators=";".join(op.tag for op in ops), policy=self.config.policy.tag, model_id=None,
-        )
-        yield "source", lineage
-        remove_parts(self.layout.events_dir(modality, ctx.session_id), ctx.spec.id)
-        stats = {"events": 0, "deid": {}, "status": "ingested"}
+    def ingest(self, job: SourceJob) -> Iterator[Item]:
+        """Ingest one source: clock, lineage columns, then batches of metadata and payload."""
+        import time
+
         started = time.perf_counter()
+        plan = plan_for(job.spec.modality)
+        ops = self.chain(plan.name, job.tenant)
+        clock = job.spec.clock
+        try:
+            version = file_version(job.path)  # in the worker, in parallel with other sources
+        except OSError as exc:  # vanished or unreadable since discovery
+            err = InputError(f"cannot read the source ({exc.strerror})", source_uri=job.uri, stage="read",
+                             code=QuarantineReason.FILE_MISSING)
+            yield QuarantineItem(quarantine_row(job, None, err))
+            yield DoneItem(lineage_row(job, LineageColumns(
+                session_id=job.session_id, source_id=job.spec.id, source_uri=job.uri, source_version="",
+                operators="", policy=self.config.policy.tag), clock, status="quarantined"))
+            return
+        lineage = LineageColumns(session_id=job.session_id, source_id=job.spec.id, source_uri=job.uri,
+                                 source_version=version, operators=";".join(op.tag for op in ops),
+                                 policy=self.config.policy.tag)
+        if job.spec.track_of is not None and not self._has_track(job):
+            yield DoneItem(lineage_row(job, lineage, clock, status="no_stream"))
+            return
+        ctx = SourceContext(session_id=job.session_id, spec=job.spec, path=job.path, uri=job.uri, version=version)
+        if job.reference is not None:
+            ctx, clock_item = self._clock(ctx, *job.reference)
+            clock = clock_item.mapping
+            yield clock_item
+        yield SourceItem(lineage)
+        remove_source_outputs(self.layout, plan.event_row, job.session_id, job.spec.id)
+        events, status, part = 0, "ingested", 0
+        deid: dict[tuple[str, str], dict] = {}
+        counts: dict[str, int] = {}
         sampler: dict = {}
-        part = 0
+        columns = lineage.model_dump()
         try:
             for raw in ops[0].read(ctx):
                 transform = getattr(ops[0], "waveform_transform", None)
@@ -165,83 +135,73 @@ class IngestWorker:
                 del raw  # the raw batch ends here, in this process
                 if clean.num_rows == 0:
                     continue
-                self._count_deid(stats, clean)
-                events = self._event_table(modality, clean, lineage)
-                write_table(self.layout.events(modality, ctx.session_id, ctx.spec.id, part), events)
+                self._count(plan, clean, deid, counts)
+                stored = with_lineage(plan.to_events(clean, self.config), columns, plan.event_row.schema())
+                write_table(self.layout.events(plan.event_row, job.session_id, job.spec.id, part), stored)
                 part += 1
-                stats["events"] += clean.num_rows
-                meta_cols = ["event_id", "t_ns"] + (["end_t_ns"] if modality == "pdf" else [])
-                yield "meta", clean.select(meta_cols)
-                yield "embed", (modality, self._embed_payload(modality, clean, sampler))
+                events += clean.num_rows
+                yield MetaItem(clean.select(list(plan.meta_columns)))
+                payload = self._embed_payload(plan, clean, sampler)
+                yield EmbedItem(plan.name, payload.num_rows, payload)
         except (InputError, ComplianceError) as exc:
-            stats["status"] = "partial" if stats["events"] else "quarantined"
-            yield "quarantine", self._quarantine_row(ctx, exc)
+            status = "partial" if events else "quarantined"
+            yield QuarantineItem(quarantine_row(job, version, exc))
         except Exception as exc:  # an operator bug must not end the run; nothing raw in the message
-            log.exception("internal error ingesting %s", ctx.uri)
-            stats["status"] = "partial" if stats["events"] else "quarantined"
-            err = InputError(f"internal error ({type(exc).__name__}); see the worker log", source_uri=ctx.uri,
-                             stage=f"ingest/{modality}", code="internal_error")
-            yield "quarantine", self._quarantine_row(ctx, err)
-        yield "lineage", dict(
-            session_id=ctx.session_id, source_id=ctx.spec.id, source_uri=ctx.uri, source_version=ctx.version,
-            modality=modality, status=stats["status"], events=stats["events"], operators=lineage["operators"],
-            policy=lineage["policy"], deid=list(stats["deid"].values()), subjects=list(subjects),
-            latency_ms=(time.perf_counter() - started) * 1e3,
-        )
+            log.exception("internal error ingesting %s", job.uri)
+            status = "partial" if events else "quarantined"
+            err = InputError(f"internal error ({type(exc).__name__}); see the worker log", source_uri=job.uri,
+                             stage=f"ingest/{plan.name}", code=QuarantineReason.INTERNAL_ERROR)
+            yield QuarantineItem(quarantine_row(job, version, err))
+        row = lineage_row(job, lineage, clock, status=status, events=events,
+                          deid=[DeidHeader(**h) for h in deid.values()])
+        log.debug("ingested %s in %.0f ms", job.uri, (time.perf_counter() - started) * 1e3)
+        yield DoneItem(row, counts)
 
-    def _clock(self, ctx: SourceContext, ref_path: Path, ref_clock: ClockMapping) -> tuple[SourceContext, Item]:
+    @staticmethod
+    def _has_track(job: SourceJob) -> bool:
+        from modalign.operators.ingest._av import has_stream
+
+        return has_stream(job.path, job.spec.modality)
+
+    def _clock(self, ctx: SourceContext, ref_path: Path, ref_clock: ClockMapping) -> tuple[SourceContext, ClockItem]:
         """Estimate (or verify) the source's clock against a reference recording, in this process.
 
         The decoded audio of both stays here; only the mapping and window offsets leave. If no
         offset can be found, the manifest's mapping is kept and no windows are reported.
         """
-        from modalign.operators.align.offset import estimate_source_offset
+        from modalign.operators.align.offset import estimate_offset
+        from modalign.operators.ingest.audio import decode_audio
 
-        clock = ctx.spec.clock
+        clock, rate = ctx.spec.clock, self.config.ingest.audio.sample_rate_hz
         try:
-            est = estimate_source_offset(ref_path, ctx.path, self.config.ingest.audio.sample_rate_hz,
-                                         ref_clock=ref_clock)
+            ref, ref_start = decode_audio(ref_path, rate)
+            other, other_start = decode_audio(ctx.path, rate)
+            est = estimate_offset(ref, other, rate, ref_start_ns=ref_start, other_start_ns=other_start,
+                                  ref_clock=ref_clock, source_uri=ctx.uri)
+            del ref, other
         except InputError as exc:
             log.warning("clock of %s not estimated against %s: %s", ctx.uri, ref_path.name, exc.message)
-            return ctx, ("clock", (clock, []))
+            return ctx, ClockItem(clock, [])
         if clock.estimate_from:
             clock = est.clock_mapping(estimate_from=clock.estimate_from)
             ctx = replace(ctx, spec=ctx.spec.model_copy(update={"clock": clock}))
-        return ctx, ("clock", (clock, est.observations()))
+        return ctx, ClockItem(clock, est.observations())
 
     @staticmethod
-    def _count_deid(stats: dict, table: pa.Table) -> None:
-        """Sum the de-identification headers (faces, frame text, text, voice) per method and detector."""
-        for col in ("deid", "text_deid"):
+    def _count(plan: ModalityPlan, table: pa.Table, deid: dict, counts: dict[str, int]) -> None:
+        """Sum the de-identification headers per method and detector, and into run.json counters."""
+        for col in HEADER_COLUMNS:
             if col not in table.column_names:
                 continue
             for h in table.column(col).to_pylist():
-                agg = stats["deid"].setdefault((h["method"], h["detector"]), dict(h, count=0))
+                agg = deid.setdefault((h["method"], h["detector"]), dict(h, count=0))
                 agg["count"] += h["count"]
+                hit = plan.counter(col, h, 1)
+                if hit is not None:
+                    counts[hit[0]] = counts.get(hit[0], 0) + hit[1]
 
-    def _event_table(self, modality: str, clean: pa.Table, lineage: dict) -> pa.Table:
-        if modality == "video":
-            from modalign.operators.ingest.video import frames_to_numpy
-
-            jpeg = encode_jpeg(frames_to_numpy(clean), self.config.ingest.video.jpeg_quality)
-            t = clean.drop_columns(["frame"]).append_column("frame_jpeg", pa.array(jpeg, pa.binary()))
-            return with_lineage(t, lineage, VideoFrameRow.schema())
-        if modality == "audio":
-            return with_lineage(clean, lineage, MfccRow.schema())
-        return with_lineage(clean, lineage, TextBlockRow.schema())
-
-    def _embed_payload(self, modality: str, clean: pa.Table, sampler: dict) -> pa.Table:
-        if modality == "video":
-            keep = sample_every(clean.column("t_ns").to_numpy(), self.config.embed.image_fps, sampler)
-            return clean.filter(pa.array(keep)).select(["event_id", "t_ns", "frame", "face_boxes"])
-        if modality == "audio":
-            return clean.select(["event_id", "t_ns", "mfcc"])
-        return clean.select(["event_id", "t_ns", "text", "box", "page_index"])
-
-    @staticmethod
-    def _quarantine_row(ctx: SourceContext, exc: InputError | ComplianceError) -> dict:
-        return dict(
-            session_id=ctx.session_id, source_id=ctx.spec.id, source_uri=ctx.uri, source_version=ctx.version,
-            stage=exc.stage or f"ingest/{ctx.spec.modality}", reason_code=exc.code, message=exc.message,
-            start_t_ns=getattr(exc, "start_t_ns", None), end_t_ns=getattr(exc, "end_t_ns", None),
-        )
+    def _embed_payload(self, plan: ModalityPlan, clean: pa.Table, sampler: dict) -> pa.Table:
+        fps = plan.embed_fps(self.config)
+        if fps is not None:
+            clean = clean.filter(pa.array(sample_every(clean.column("t_ns").to_numpy(), fps, sampler)))
+        return clean.select(list(plan.embed_columns))

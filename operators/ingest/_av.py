@@ -138,3 +138,14 @@ def check_truncated(ctx: SourceContext, stage: str, container: Any, stream: Any,
     if end is not None and ctx.clock.to_session(end) - last_t > TRUNCATION_TOLERANCE_NS:
         raise partial_error(ctx, stage, container, stream, last_t, "stream ended before its declared duration",
                             code="truncated", end_local_ns=end)
+
+
+def has_stream(path: Path, kind: str) -> bool:
+    """Whether the container at ``path`` has a stream of ``kind`` (``audio | video``); False when
+    it cannot be opened (the source operator then reports why)."""
+    av = require("av")
+    try:
+        with av.open(str(path)) as container:
+            return bool(getattr(container.streams, kind))
+    except (av.error.FFmpegError, OSError):
+        return False

@@ -60,7 +60,7 @@ def test_bad_inputs_quarantined_rest_complete(ray_local, mixed_folder, tmp_path)
     assert summary["exit_code"] == EXIT_QUARANTINED
     q = ds.dataset(out / "quarantine", format="parquet").to_table().to_pylist()
     by_name = {Path(r["source_uri"]).name: r for r in q}
-    assert by_name["empty.mp4"]["reason_code"] == "empty"
+    assert by_name["empty.mp4"]["reason_code"] == "file_empty"
     assert by_name["notes.pdf"]["reason_code"] == "not_pdf"
     assert by_name["notes.pdf"]["stage"] == "pdf_text"  # the operator that rejected it
     assert by_name["truncated.mp4"]["reason_code"] in ("unreadable", "decode_failed")
@@ -73,6 +73,7 @@ def test_bad_inputs_quarantined_rest_complete(ray_local, mixed_folder, tmp_path)
     clip = ds.dataset(out / "records" / "clip.parquet", format="parquet").to_table()
     assert clip.num_rows == 25 and set(clip.column("decision").to_pylist()) == {"matched"}
     lineage = ds.dataset(out / "lineage" / "sources", format="parquet").to_table().to_pylist()
-    status = {Path(r["source_uri"]).name: r["status"] for r in lineage}
-    assert status["good.wav"] == "ingested" and status["clip.mp4"] == "ingested"
+    status = {(Path(r["source_uri"]).name, r["source_id"]): r["status"] for r in lineage}
+    assert status[("good.wav", "source")] == "ingested" and status[("clip.mp4", "source")] == "ingested"
+    assert status[("clip.mp4", "source.audio")] == "no_stream"  # the clip has no sound: not bad input
     assert any("quarantine" in m for m in messages)

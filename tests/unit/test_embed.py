@@ -486,10 +486,8 @@ def test_no_network_is_loaded_when_every_vector_is_cached(astronaut, text_encode
 
 
 def test_registry_maps_modalities_to_encoders_and_operators(tiny_nets):
-    from types import SimpleNamespace
-
     from modalign.operators.embed.registry import ENCODERS, build_operator, encoder_for, image_embed_config
-    from modalign.schemas.config import EmbedConfig
+    from modalign.schemas.config import EmbedConfig, ImageEncoderSpec
 
     assert set(ENCODERS) == {"image", "text", "audio"}
     assert encoder_for("video").name == "efficientnet-lite0" and encoder_for("image").operator == "frame_embed"
@@ -502,9 +500,8 @@ def test_registry_maps_modalities_to_encoders_and_operators(tiny_nets):
     assert ops["video"].config.encoder == ImageEmbedConfig() and ops["video"].config.modality == "video"
 
     d, _ = tiny_nets
-    embed = SimpleNamespace(image_encoder={"name": "tiny-map", "weights": d / "map.pt", "factory": None,
-                                           "factory_kwargs": {}, "mean": None, "std": None},
-                            image_size=160, batch_size=4, device="cpu", patch_features=True)
+    embed = EmbedConfig(image_encoder=ImageEncoderSpec(name="tiny-map", weights=d / "map.pt"),
+                        image_size=160, batch_size=4, device="cpu", patch_features=True)
     cfg = image_embed_config(embed)
     assert (cfg.model, cfg.weights_path, cfg.loader, cfg.image_size, cfg.batch_size) == (
         "tiny-map", d / "map.pt", "torchscript", 160, 4)

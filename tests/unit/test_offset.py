@@ -13,7 +13,7 @@ import pytest
 
 from modalign.operators.align.aligner import TickAligner
 from modalign.operators.align.clock import SessionClock
-from modalign.operators.align.offset import estimate_offset, estimate_source_offset
+from modalign.operators.align.offset import estimate_offset
 from modalign.schemas.errors import InputError
 from modalign.schemas.manifest import ClockMapping
 from signals import HI, SR, noise_bursts, record
@@ -76,13 +76,22 @@ def test_offset_and_skew_of_generated_pairs(speech, offset_ns, skew_ppm):
         assert abs(observed - (offset_ns + skew_ppm * 1e-6 * t_loc)) <= 1 * MS
 
 
+def estimate_files(ref_path, other_path, sample_rate_hz=16000, **kw):
+    """Decode both recordings as the ingest worker does, then estimate."""
+    from modalign.operators.ingest.audio import decode_audio
+
+    ref, ref_start = decode_audio(ref_path, sample_rate_hz)
+    other, other_start = decode_audio(other_path, sample_rate_hz)
+    return estimate_offset(ref, other, sample_rate_hz, ref_start_ns=ref_start, other_start_ns=other_start, **kw)
+
+
 def test_sample_session_lapel_offset_from_the_video_audio(tmp_path):
     from modalign.pipeline.sample import generate_sample
     from modalign.schemas.load import load_model
     from modalign.schemas.manifest import Manifest
 
     manifest = load_model(Manifest, generate_sample(tmp_path, duration_s=12))
-    est = estimate_source_offset(tmp_path / "room.mp4", tmp_path / "lapel.wav", sample_rate_hz=16000)
+    est = estimate_files(tmp_path / "room.mp4", tmp_path / "lapel.wav", sample_rate_hz=16000)
     truth = manifest.ground_truth.audio_offsets_ns["lapel"]
     assert truth == 730 * MS
     assert abs(est.offset_ns - truth) <= 10 * MS
@@ -90,8 +99,8 @@ def test_sample_session_lapel_offset_from_the_video_audio(tmp_path):
     mapping = est.clock_mapping(estimate_from="room_video")
     assert mapping.estimated and mapping.estimate_from == "room_video"
     # Composed with a reference that is itself 1 s late on the session clock.
-    shifted = estimate_source_offset(tmp_path / "room.mp4", tmp_path / "lapel.wav",
-                                     ref_clock=ClockMapping(offset_ns=10**9))
+    shifted = estimate_files(tmp_path / "room.mp4", tmp_path / "lapel.wav",
+                             ref_clock=ClockMapping(offset_ns=10**9))
     assert abs(shifted.offset_ns - (truth + 10**9)) <= 10 * MS
     assert all(abs(w[0] - v[0] - 10**9) <= MS for w, v in zip(shifted.windows, est.windows))
 

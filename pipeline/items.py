@@ -1,0 +1,86 @@
+"""What an ingest worker streams back to the driver: one small class per kind of item.
+
+``pipeline.worker.IngestWorker.ingest`` yields these, ``pipeline.actors.IngestActor``
+forwards them as Ray stream items, ``pipeline.runner`` routes each to where it goes. The
+rows inside are the row models of ``schemas.tables``, validated where they are made.
+
+Order for one source: ``ClockItem`` (only when its clock is estimated or verified), then
+``SourceItem``, then ``MetaItem``/``EmbedItem`` pairs per batch, any ``QuarantineItem``,
+and ``DoneItem`` last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from modalign.schemas.manifest import ClockMapping, SourceSpec
+from modalign.schemas.tables import LineageColumns, QuarantineRow, SourceLineageRow
+
+
+@dataclass(frozen=True)
+class SourceJob:
+    """What the driver hands a worker for one source (no payload: the worker reads the file)."""
+
+    run_id: str
+    session_id: str
+    spec: SourceSpec
+    path: Path
+    uri: str
+    tenant: str = "default"
+    subjects: tuple[str, ...] = ()
+    reference: tuple[Path, ClockMapping] | None = None  # (file, clock) to estimate/verify against
+
+
+@dataclass(frozen=True)
+class ClockItem:
+    """The clock mapping the source is ingested with, and per-window observed offsets."""
+
+    mapping: ClockMapping
+    windows: list[tuple[int, int, float]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SourceItem:
+    """The lineage columns every row of this source carries; sent before its events."""
+
+    lineage: LineageColumns
+
+
+@dataclass(frozen=True)
+class MetaItem:
+    """Event ids and session times of one batch, for the aligner."""
+
+    table: Any  # pa.Table
+
+
+@dataclass(frozen=True)
+class EmbedItem:
+    """De-identified payload of one batch for the embedder.
+
+    Through Ray the table travels as the next stream item, not inside this one (a ref
+    nested in an item hit ray #58080), so the driver forwards that ref unread; in-process
+    ``table`` holds it."""
+
+    modality: str
+    rows: int
+    table: Any = None  # pa.Table in-process; None when it is the next stream item
+
+
+@dataclass(frozen=True)
+class QuarantineItem:
+    """A rejected source or range (never its payload)."""
+
+    row: QuarantineRow
+
+
+@dataclass(frozen=True)
+class DoneItem:
+    """Last item: the source's lineage row and the de-identification counters it adds."""
+
+    row: SourceLineageRow
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+Item = ClockItem | SourceItem | MetaItem | EmbedItem | QuarantineItem | DoneItem
