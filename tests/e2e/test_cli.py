@@ -76,14 +76,14 @@ def test_residuals_within_tolerance_and_lapel_gap_logged(demo):
     lapel = [r for r in rec if r["source_id"] == "lapel"]
     first_match = min(r["tick_index"] for r in lapel if r["decision"] == "matched")
     assert abs(first_match * 40 - lapel_offset_ms) <= 40
-    ctal = _table(root / "out", "ctal/*.parquet").to_pylist()
+    ctal = _table(root / "out", "ctal/log/*.parquet").to_pylist()
     lapel_gaps = [c for c in ctal if "lapel" in c["reason"]]
     assert len(lapel_gaps) >= first_match - 1 and all(c["decision"] == "gap" for c in lapel_gaps)
     # The lapel's clock offset is not in the manifest: estimated against the room video's audio.
     summary = {r["source_id"]: r for r in _table(root / "out", "ctal/summary/*.parquet").to_pylist()}
     assert summary["lapel"]["offset_method"] == "estimated"
     assert abs(summary["lapel"]["offset_ns"] / 1e6 - lapel_offset_ms) <= 10.0
-    jsonl = (root / "out" / "ctal" / f"{manifest.session_id}.jsonl").read_text().splitlines()
+    jsonl = (root / "out" / "ctal" / "jsonl" / f"{manifest.session_id}.jsonl").read_text().splitlines()
     assert len(jsonl) == len(ctal) and json.loads(jsonl[0])["session_id"] == manifest.session_id
 
 
@@ -170,9 +170,11 @@ def test_face_region_blurred_rest_untouched(demo):
 def test_lineage_rows_name_every_source(demo):
     root, _, manifest = demo
     rows = _table(root / "out", "lineage/sources/*.parquet").to_pylist()
-    assert {r["source_id"] for r in rows} == {s.id for s in manifest.sources}
+    sources = manifest.ingest_sources()  # the room video's own sound is a source of its own
+    assert {r["source_id"] for r in rows} == {s.id for s in sources} == {s.id for s in manifest.sources} | {
+        "room_video.audio"}
     for r in rows:
-        spec = next(s for s in manifest.sources if s.id == r["source_id"])
+        spec = next(s for s in sources if s.id == r["source_id"])
         path = root / "sample" / spec.uri
         assert r["source_uri"] == path.resolve().as_uri()
         assert r["source_version"] == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
@@ -180,8 +182,8 @@ def test_lineage_rows_name_every_source(demo):
     lapel = next(r for r in rows if r["source_id"] == "lapel")
     assert lapel["clock_method"] == "estimated" and lapel["clock_reference"] == "room_video"
     assert abs(lapel["clock_offset_ns"] - manifest.ground_truth.audio_offsets_ns["lapel"]) <= 10_000_000
-    feats = _table(root / "out", "features/*/*/*.parquet")
-    assert set(feats.column("source_id").to_pylist()) == {s.id for s in manifest.sources}
+    feats = _table(root / "out", "features/*/*/*/*.parquet")
+    assert set(feats.column("source_id").to_pylist()) == {s.id for s in sources}
     assert all(m and "@" in m for m in feats.column("model_id").to_pylist())
     assert all(feats.column("source_uri").to_pylist())
     assert any((root / "out" / "index").glob("*.faiss"))

@@ -22,7 +22,7 @@ def _modules() -> list[str]:
     from modalign import pipeline
     from modalign import schemas
 
-    names = []
+    names = ["modalign"]
     for pkg in (pipeline, operators, schemas):
         names.append(pkg.__name__)
         names += [m.name for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".")]
@@ -40,6 +40,22 @@ def test_importing_any_module_loads_no_heavy_dependency():
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 
+def test_public_api_import_loads_nothing_heavy_and_no_generic_names(tmp_path):
+    """``import modalign`` (and the public functions) load no heavy module, and the installed
+    distribution puts no ``pipeline``/``operators``/``schemas`` module into a user's path."""
+    code = (
+        "import importlib.util, json, sys\n"
+        "import modalign\n"
+        "api = [callable(modalign.run), callable(modalign.open)]\n"
+        f"heavy = sorted(h for h in {HEAVY!r} if h in sys.modules)\n"
+        "generic = [n for n in ('pipeline', 'operators', 'schemas') if importlib.util.find_spec(n)]\n"
+        "print(json.dumps([api, heavy, generic]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [[True, True], [], []]
+
+
 def test_module_list_is_not_empty():
     mods = _modules()
+    assert "modalign" in mods and "modalign.operators.modalities" in mods
     assert "modalign.pipeline.runner" in mods and "modalign.operators.align.aligner" in mods and "modalign.schemas.tables" in mods
