@@ -35,8 +35,7 @@ import numpy as np
 from modalign.schemas.errors import ConfigError, DependencyMissingError
 from modalign.schemas.load import dump_yaml
 from modalign.schemas.manifest import ClockMapping, GroundTruth, Manifest, PlantedPII, SourceSpec
-
-NS_PER_S = 1_000_000_000
+from modalign.schemas.units import NS_PER_S
 
 SESSION_ID = "sample-meeting"
 VIDEO_ID, LAPEL_ID, SLIDES_ID = "room_video", "lapel", "slides"
