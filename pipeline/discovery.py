@@ -75,8 +75,10 @@ def single_source_session(path: Path) -> Session:
 
 
 def discover(input_path: Path) -> list[Session]:
-    """All sessions under INPUT, validated; raises ConfigError before any work."""
-    input_path = Path(input_path)
+    """All sessions under INPUT, validated; raises ConfigError before any work.
+
+    Paths are absolute (workers run in other folders than the driver)."""
+    input_path = Path(input_path).absolute()
     if not input_path.exists():
         raise ConfigError(f"input {input_path} does not exist")
     if input_path.is_file():

@@ -113,7 +113,14 @@ _PART = re.compile(r"[0-9]{5}\.parquet")
 
 
 def write_table(path: Path, table: pa.Table) -> Path:
-    """Write Parquet (zstd) atomically."""
+    """Write Parquet (zstd) atomically; a table with no rows has no file (an earlier one is removed).
+
+    Readers treat a missing file as no rows, but some refuse a 0-row Parquet file (Hugging
+    Face datasets: "BatchSize must be greater than 0"), which would make the whole folder of a
+    table unreadable for one session without drift alarms or quarantined inputs."""
+    if table.num_rows == 0:
+        path.unlink(missing_ok=True)
+        return path
     return atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
 
 

@@ -85,10 +85,10 @@ class _SourceStream:
 class Runner:
     def __init__(self, config: RunConfig, out: Path, progress: Callable[[str], None] | None = None) -> None:
         self.config = config
-        self.out = Path(out)
+        self.out = Path(out).absolute()  # workers run in other folders (and on other nodes)
         self.layout = OutputLayout(self.out)
         self.progress = progress or (lambda msg: log.info(msg))
-        self.key_store = key_store_dir(config.key_store)
+        self.key_store = key_store_dir(config.key_store).absolute()
         if self.key_store.resolve().is_relative_to(self.out.resolve()):
             raise ConfigError(f"key_store {self.key_store} is inside the output folder {self.out}; pseudonym keys "
                               "are never outputs: set key_store (or $MODALIGN_KEY_STORE) to a folder outside it")

@@ -30,17 +30,6 @@ def sample_manifest(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def sample_out(ray_local, sample_manifest, tmp_path_factory) -> Path:
-    """The output folder of one default run over the 6-second sample session."""
-    from modalign.pipeline.runner import Runner
-    from modalign.schemas.config import RunConfig
-
-    tmp = tmp_path_factory.mktemp("sample-run")
-    Runner(RunConfig(key_store=tmp / "keys"), tmp / "out", progress=lambda _m: None).run(sample_manifest)
-    return tmp / "out"
-
-
-@pytest.fixture(scope="session")
 def image_encoder():
     """One EfficientNet-Lite0 encoder (CPU) for every test that embeds images."""
     from modalign.operators.embed.image import ImageEmbedConfig, ImageEncoder

@@ -228,7 +228,7 @@ class Hostile:
 
 
 CORPUS: list[Hostile] = [
-    Hostile("empty.mp4", "video", make_empty, UnreadableInputError, "file_empty", "empty"),
+    Hostile("empty.mp4", "video", make_empty, UnreadableInputError, "file_empty", "file_empty"),
     Hostile("wav_as.mp4", "video", make_wav_named_mp4, UnsupportedInputError, "no_video_stream", "no_video_stream"),
     Hostile("pdf_as.wav", "audio", make_pdf_named_wav, UnsupportedInputError, "wrong_type", "wrong_type"),
     Hostile("truncated.mp4", "video", make_truncated_mp4, UnreadableInputError, "unreadable", "unreadable"),

@@ -57,7 +57,7 @@ from modalign.operators.deid.recognisers import RULES_VERSION, detect_batch, det
 from modalign.operators.dependencies import binary, missing, require_tesseract_langs
 from modalign.operators.sandbox import out_of_memory, run_limited
 from modalign.schemas.errors import ComplianceError, InputError, ModalignError
-from modalign.schemas.policy import ALL_TEXT_ENTITIES, DEFAULT_POLICY_TAG, DeidPolicy, TextEntity
+from modalign.schemas.policy import DEFAULT_POLICY_TAG, DeidPolicy, FrameTextPolicy, TextEntity, TextPolicy
 from modalign.schemas.units import NS_PER_S
 
 TEXT_BOXES = "text_boxes"
@@ -69,9 +69,15 @@ SALT_SUFFIX = "/frame_text"  # permutation salt = event_id + this (differs from 
 BoxT = tuple[int, int, int, int, float]  # x0, y0, x1, y1 (frame pixels, end-exclusive), score
 
 
+_POLICY, _TEXT = FrameTextPolicy(), TextPolicy()  # defaults come from the policy: declared once
+
+
 class FrameTextConfig(OperatorConfig):
+    """Operator settings; the policy-facing ones default to ``FrameTextPolicy`` / ``TextPolicy``
+    (``config_from_policy`` sets them from a run's policy), the rest are OCR mechanics."""
+
     action: Literal["blur", "keep"] = Field("blur", description="keep: frames pass through, nothing is OCRed")
-    ocr_fps: float = Field(4.0, gt=0.0, le=1000.0, description="OCR samples per second of video (session clock)")
+    ocr_fps: float = Field(_POLICY.ocr_fps, gt=0.0, le=1000.0, description="OCR samples per second of video (session clock)")
     ocr_scale: float = Field(2.0, ge=1.0, le=4.0, description="upscale factor of a sample before OCR")
     ocr_max_pixels: int = Field(
         1280 * 720, ge=1, description="the upscale is capped so the OCRed image has at most this many pixels"
@@ -82,8 +88,8 @@ class FrameTextConfig(OperatorConfig):
     subprocess_memory_mb: int = Field(1024, ge=64, description="RLIMIT_AS of the tesseract process")
     min_conf: float = Field(30.0, ge=0.0, le=100.0, description="OCR words under this confidence are ignored")
     pad_px: int = Field(4, ge=0, le=64, description="margin added around each text box (frame pixels)")
-    entities: tuple[TextEntity, ...] = Field(ALL_TEXT_ENTITIES, description="personal-data kinds looked for")
-    min_score: float = Field(0.5, ge=0.0, le=1.0, description="detector score threshold (TextPolicy.min_score)")
+    entities: tuple[TextEntity, ...] = Field(_TEXT.entities, description="personal-data kinds looked for")
+    min_score: float = Field(_TEXT.min_score, ge=0.0, le=1.0, description="detector score threshold (TextPolicy)")
     min_scores: dict[TextEntity, float] = Field(default_factory=dict, description="per-kind thresholds")
     blur_sigma_ratio: float = Field(0.15, gt=0.0, le=1.0, description="Gaussian sigma / longer box side")
     policy_tag: str = DEFAULT_POLICY_TAG

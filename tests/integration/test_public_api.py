@@ -27,7 +27,9 @@ def test_readme_python_example_runs_and_reads_the_tables(ray_local, sample_manif
     with contextlib.redirect_stdout(printed):
         exec(compile(code, "README.md", "exec"), scope)
     summary, out = scope["summary"], scope["out"]
-    assert summary["exit_code"] == 0 and summary["config"]["embed"]["image_fps"] == 2
+    quarantined = out.table("quarantine").to_table().to_pylist()
+    assert summary["exit_code"] == 0 and not quarantined, quarantined
+    assert summary["config"]["embed"]["image_fps"] == 2
     assert isinstance(out, type(modalign.open(tmp_path / "out"))) and out.sessions() == ["sample-meeting"]
     assert {"events_video", "events_audio", "events_pdf", "records", "ctal", "features", "lineage_sources"} <= set(
         out.tables())

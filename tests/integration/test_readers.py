@@ -8,12 +8,40 @@ refused the ``map<string,int64>`` of ``events/pdf``).
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pyarrow.dataset as ds
 import pytest
 
 from modalign.pipeline.layout import TABLES, OutputLayout
+from modalign.pipeline.runner import Runner
+from modalign.schemas.config import RunConfig
+from signals import noise_bursts, record, write_wav
 
 pytestmark = pytest.mark.integration
+
+MS = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def sample_out(ray_local, sample_manifest, tmp_path_factory) -> Path:
+    """One run that fills every table: the sample meeting, a drifting recorder (a drift
+    alarm) and a broken file (a quarantine row)."""
+    d = tmp_path_factory.mktemp("readers-in")
+    shutil.copytree(sample_manifest.parent, d / "meeting")
+    (d / "broken.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"garbage" * 300)
+    sound = noise_bursts(32, seed=3)
+    (d / "drift").mkdir()
+    write_wav(d / "drift" / "room.wav", record(sound, 30.0, 0, 0.0, 0.005, seed=4))
+    write_wav(d / "drift" / "lapel.wav", record(sound, 29.0, 250 * MS, 40_000.0, 0.01, seed=5))
+    (d / "drift" / "meeting.yaml").write_text(
+        "session_id: drift\nsources:\n  - {id: room, uri: room.wav, modality: audio}\n"
+        f"  - {{id: lapel, uri: lapel.wav, modality: audio, clock: {{offset_ns: {250 * MS}, verify_with: room}}}}\n")
+    out = tmp_path_factory.mktemp("readers-out") / "out"
+    summary = Runner(RunConfig(key_store=out.parent / "keys"), out, progress=lambda _m: None).run(d)
+    assert summary["counts"]["drift_alarms"] >= 1 and summary["counts"]["quarantined"] >= 1
+    return out
 
 
 def _files(out, name) -> list[str]:
@@ -48,13 +76,18 @@ def test_the_tables_hold_content(sample_out):
     import modalign
 
     out = modalign.open(sample_out)
-    assert out.sessions() == ["sample-meeting"]
+    assert out.sessions() == ["broken", "drift", "sample-meeting"]
     pdf = out.table("events_pdf").to_table()
     counts = [c for row in pdf.column("pii_counts").to_pylist() for c in row]
     assert counts and all(set(c) == {"kind", "count"} and c["count"] > 0 for c in counts)
     assert {"person", "email"} <= {c["kind"] for c in counts}  # the slides' planted names and emails
     records = out.table("records").to_table()
     assert set(records.column("modality").to_pylist()) == {"video", "audio", "pdf"}
+    assert out.table("drift_alarms").to_table().column("session_id").to_pylist()[0] == "drift"
+    assert out.table("quarantine").to_table().column("source_uri").to_pylist()[0].endswith("broken.mp4")
     ctal = out.table("ctal").to_table()
     assert "decision" in ctal.column_names and "residual_p50_ms" not in ctal.column_names
-    assert out.table("ctal_summary").to_table().num_rows == len(set(records.column("source_id").to_pylist()))
+    pairs = set(zip(*out.table("records").to_table(columns=["session_id", "source_id"]).to_pydict().values()))
+    summary = out.table("ctal_summary").to_table().to_pylist()
+    assert {(r["session_id"], r["source_id"]) for r in summary if r["ticks"]} == pairs
+    assert [r["ticks"] for r in summary if r["session_id"] == "broken"] == [0]  # no events: no timeline
