@@ -64,6 +64,10 @@ class ModalityPlan:
     embed_fps: Callable[[RunConfig], float | None] = lambda cfg: None  # None: every event
     to_events: Callable[[pa.Table, RunConfig], pa.Table] = lambda t, cfg: t  # payload -> stored form
     counters: tuple[str, ...] = field(default=())  # counters this modality can add (run.json lists them all)
+    # True: the source operator decodes the bytes through ``SourceContext.reader``, which hashes
+    # them as they are read (one read); False: it hands the path to tools (poppler, tesseract)
+    # and the worker hashes the file apart.
+    reads_stream: bool = True
 
 
 def _removed(counter: str) -> Counter:
@@ -176,7 +180,7 @@ PLANS: Mapping[str, ModalityPlan] = {
     "pdf": ModalityPlan(
         name="pdf", source=_pdf_source, deid=(_text,), event_row=TextBlockRow,
         meta_columns=("event_id", "t_ns", "end_t_ns"), embed_columns=("event_id", "t_ns", "text", "box", "page_index"),
-        encoder="text", counter=_removed("pii_replaced"), counters=("pii_replaced",)),
+        encoder="text", counter=_removed("pii_replaced"), counters=("pii_replaced",), reads_stream=False),
 }
 
 

@@ -28,6 +28,7 @@ class SourceJob:
     spec: SourceSpec
     path: Path
     uri: str
+    version: str  # known without reading the source (local: size + mtime; object store: ETag + size)
     tenant: str = "default"
     subjects: tuple[str, ...] = ()
     reference: tuple[Path, ClockMapping] | None = None  # (file, clock) to estimate/verify against

@@ -32,6 +32,7 @@ from modalign.schemas.arrow import rows_to_table
 from modalign.schemas.config import RunConfig
 from modalign.schemas.environment import key_store_dir, ray_temp_dir
 from modalign.schemas.errors import ConfigError, QuarantineReason
+from modalign.schemas.files import stat_version
 from modalign.schemas.tables import LineageColumns, QuarantineRow, SourceLineageRow
 
 log = logging.getLogger("modalign")
@@ -186,15 +187,17 @@ class Runner:
         elif path.stat().st_size > self.config.ingest.max_file_bytes:
             problem = (QuarantineReason.LIMIT_EXCEEDED,
                        f"file is larger than ingest.max_file_bytes={self.config.ingest.max_file_bytes}")
+        version = stat_version(path) if problem is None or problem[0] != QuarantineReason.FILE_MISSING else None
         if problem:
             if spec.track_of is None:  # a video's own sound shares the video's file and its row
                 self.progress(f"quarantine {uri}: {problem[1]}")
                 st.quarantine.append(QuarantineRow(
-                    session_id=m.session_id, source_id=spec.id, source_uri=uri, source_version=None,
+                    session_id=m.session_id, source_id=spec.id, source_uri=uri, source_version=version,
                     stage="discover", reason_code=problem[0], message=problem[1]))
             return None
         return SourceJob(run_id=self.run_id, session_id=m.session_id, spec=spec, path=path, uri=uri,
-                         tenant=m.tenant, subjects=tuple(m.subjects), reference=self._reference(st, spec))
+                         version=version, tenant=m.tenant, subjects=tuple(m.subjects),
+                         reference=self._reference(st, spec))
 
     def _ingest_one(self, st: _SessionState, job: SourceJob, actor, embedder) -> None:
         """Stream one source through an ingest actor, forwarding its items (runs in a driver thread)."""
@@ -216,7 +219,7 @@ class Runner:
         except ray.exceptions.RayError as exc:  # the worker died mid-source: quarantine, keep the run going
             self._route(st, stream_state, QuarantineItem(QuarantineRow(
                 session_id=job.session_id, source_id=job.spec.id, source_uri=job.uri,
-                source_version=stream_state.lineage.source_version if stream_state.lineage else None,
+                source_version=job.version,
                 stage=f"ingest/{job.spec.modality}", reason_code=QuarantineReason.WORKER_FAILED,
                 message=f"ingest worker failed ({type(exc).__name__}); re-run to retry")), embedder)
         if stream_state.lineage is not None:  # no more events from this source: its ticks can be decided
@@ -225,7 +228,7 @@ class Runner:
         done = stream_state.done
         if done is None:  # the worker died before its last item
             lineage = stream_state.lineage or LineageColumns(
-                session_id=job.session_id, source_id=job.spec.id, source_uri=job.uri, source_version="",
+                session_id=job.session_id, source_id=job.spec.id, source_uri=job.uri, source_version=job.version,
                 operators="", policy=self.config.policy.tag)
             clock = stream_state.clock.mapping if stream_state.clock else job.spec.clock
             done = DoneItem(lineage_row(job, lineage, clock, status="quarantined", events=stream_state.events))

@@ -11,7 +11,7 @@ what is stored and what is embedded comes from the modality's plan
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,13 +19,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from modalign.operators.ingest.base import SourceContext, file_version
+from modalign.operators.ingest.base import SourceContext
 from modalign.operators.modalities import DeidContext, ModalityPlan, plan_for
 from modalign.pipeline.items import (ClockItem, DoneItem, EmbedItem, Item, MetaItem, QuarantineItem, SourceItem,
                                      SourceJob)
 from modalign.pipeline.layout import OutputLayout, remove_source_outputs, with_lineage, write_table
 from modalign.schemas.config import RunConfig
 from modalign.schemas.errors import ComplianceError, InputError, QuarantineReason
+from modalign.schemas.files import SeekableHashingReader, sha256_file
 from modalign.schemas.manifest import ClockMapping
 from modalign.schemas.tables import DeidHeader, LineageColumns, QuarantineRow, SourceLineageRow
 from modalign.schemas.units import NS_PER_S
@@ -57,7 +58,7 @@ def quarantine_row(job: SourceJob, version: str | None, exc: InputError | Compli
 
 
 def lineage_row(job: SourceJob, lineage: LineageColumns, clock: ClockMapping, *, status: str, events: int = 0,
-                deid: list[DeidHeader] | None = None) -> SourceLineageRow:
+                deid: list[DeidHeader] | None = None, sha256: str | None = None) -> SourceLineageRow:
     """The ``lineage/sources`` row of one source: what it is, how it was timed, what was removed."""
     return SourceLineageRow(
         run_id=job.run_id, session_id=job.session_id, source_id=job.spec.id, source_uri=job.uri,
@@ -65,7 +66,7 @@ def lineage_row(job: SourceJob, lineage: LineageColumns, clock: ClockMapping, *,
         operators=lineage.operators, policy=lineage.policy, deid=deid or [], subjects=list(job.subjects),
         clock_offset_ns=clock.offset_ns, clock_skew_ppm=clock.skew_ppm,
         clock_method="estimated" if clock.estimated else "manifest", clock_reference=clock.reference,
-        track_of=job.spec.track_of)
+        track_of=job.spec.track_of, source_sha256=sha256)
 
 
 class IngestWorker:
@@ -88,35 +89,43 @@ class IngestWorker:
     # -- one source -----------------------------------------------------------------------
     def ingest(self, job: SourceJob) -> Iterator[Item]:
         """Ingest one source: clock, lineage columns, then batches of metadata and payload."""
-        import time
-
-        started = time.perf_counter()
         plan = plan_for(job.spec.modality)
         ops = self.chain(plan.name, job.tenant)
         clock = job.spec.clock
-        try:
-            version = file_version(job.path)  # in the worker, in parallel with other sources
-        except OSError as exc:  # vanished or unreadable since discovery
-            err = InputError(f"cannot read the source ({exc.strerror})", source_uri=job.uri, stage="read",
-                             code=QuarantineReason.FILE_MISSING)
-            yield QuarantineItem(quarantine_row(job, None, err))
-            yield DoneItem(lineage_row(job, LineageColumns(
-                session_id=job.session_id, source_id=job.spec.id, source_uri=job.uri, source_version="",
-                operators="", policy=self.config.policy.tag), clock, status="quarantined"))
-            return
         lineage = LineageColumns(session_id=job.session_id, source_id=job.spec.id, source_uri=job.uri,
-                                 source_version=version, operators=";".join(op.tag for op in ops),
+                                 source_version=job.version, operators=";".join(op.tag for op in ops),
                                  policy=self.config.policy.tag)
         if job.spec.track_of is not None and not self._has_track(job):
             yield DoneItem(lineage_row(job, lineage, clock, status="no_stream"))
             return
-        ctx = SourceContext(session_id=job.session_id, spec=job.spec, path=job.path, uri=job.uri, version=version)
-        if job.reference is not None:
-            ctx, clock_item = self._clock(ctx, *job.reference)
-            clock = clock_item.mapping
-            yield clock_item
-        yield SourceItem(lineage)
-        remove_source_outputs(self.layout, plan.event_row, job.session_id, job.spec.id)
+        try:  # the decoder reads the source through this reader, which hashes it on the way: one read
+            reader = SeekableHashingReader(job.path) if plan.reads_stream else None
+        except OSError as exc:  # vanished or unreadable since discovery
+            err = InputError(f"cannot read the source ({exc.strerror})", source_uri=job.uri, stage="read",
+                             code=QuarantineReason.FILE_MISSING)
+            yield QuarantineItem(quarantine_row(job, job.version, err))
+            yield DoneItem(lineage_row(job, lineage, clock, status="quarantined"))
+            return
+        ctx = SourceContext(session_id=job.session_id, spec=job.spec, path=job.path, uri=job.uri,
+                            version=job.version, reader=reader)
+        try:
+            if job.reference is not None:
+                ctx, clock_item = self._clock(ctx, *job.reference)
+                clock = clock_item.mapping
+                yield clock_item
+            yield SourceItem(lineage)
+            remove_source_outputs(self.layout, plan.event_row, job.session_id, job.spec.id)
+            events, status, deid, counts = yield from self._batches(job, plan, ops, ctx, lineage)
+            sha256 = self._content_hash(job, reader)
+        finally:
+            if reader is not None:
+                reader.close()
+        yield DoneItem(lineage_row(job, lineage, clock, status=status, events=events, sha256=sha256,
+                                   deid=[DeidHeader(**h) for h in deid.values()]), counts)
+
+    def _batches(self, job: SourceJob, plan: ModalityPlan, ops: list[Any], ctx: SourceContext,
+                 lineage: LineageColumns) -> Generator[Item, None, tuple[int, str, dict, dict[str, int]]]:
+        """Decode, de-identify, store and hand on every batch; returns (events, status, deid, counters)."""
         events, status, part = 0, "ingested", 0
         deid: dict[tuple[str, str], dict] = {}
         counts: dict[str, int] = {}
@@ -145,17 +154,23 @@ class IngestWorker:
                 yield EmbedItem(plan.name, payload.num_rows, payload)
         except (InputError, ComplianceError) as exc:
             status = "partial" if events else "quarantined"
-            yield QuarantineItem(quarantine_row(job, version, exc))
+            yield QuarantineItem(quarantine_row(job, job.version, exc))
         except Exception as exc:  # an operator bug must not end the run; nothing raw in the message
             log.exception("internal error ingesting %s", job.uri)
             status = "partial" if events else "quarantined"
             err = InputError(f"internal error ({type(exc).__name__}); see the worker log", source_uri=job.uri,
                              stage=f"ingest/{plan.name}", code=QuarantineReason.INTERNAL_ERROR)
-            yield QuarantineItem(quarantine_row(job, version, err))
-        row = lineage_row(job, lineage, clock, status=status, events=events,
-                          deid=[DeidHeader(**h) for h in deid.values()])
-        log.debug("ingested %s in %.0f ms", job.uri, (time.perf_counter() - started) * 1e3)
-        yield DoneItem(row, counts)
+            yield QuarantineItem(quarantine_row(job, job.version, err))
+        return events, status, deid, counts
+
+    @staticmethod
+    def _content_hash(job: SourceJob, reader: SeekableHashingReader | None) -> str | None:
+        """``sha256:<hex>`` of the source: from the decoder's read, or (tools read the path) apart."""
+        try:
+            return "sha256:" + (reader.hexdigest() if reader is not None else sha256_file(job.path))
+        except OSError:  # the file went away while it was processed: its content is unknown
+            log.warning("could not hash %s after reading it", job.uri)
+            return None
 
     @staticmethod
     def _has_track(job: SourceJob) -> bool:

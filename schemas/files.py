@@ -1,8 +1,8 @@
 """File helpers every layer shares: one content hash and one atomic write.
 
-``sha256_file`` is the hash behind source versions in lineage and model digests;
-``HashingReader`` computes the same hash of the bytes a decoder reads through it, so a
-source is read once. ``atomic_write`` is how anything we write lands: a temporary file in
+``sha256_file`` is the hash behind source content hashes in lineage and model digests;
+``HashingReader`` (forward-only) and ``SeekableHashingReader`` (for a decoder that seeks)
+compute the same hash of the bytes a decoder reads through them, so a source is read once. ``atomic_write`` is how anything we write lands: a temporary file in
 the same folder, fsynced, then renamed over the target, so a reader never sees half a file
 and a crash leaves the old one.
 """
@@ -26,6 +26,14 @@ def sha256_file(path: Path | str, chunk: int = CHUNK_BYTES) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def stat_version(path: Path | str) -> str:
+    """A local file's version without reading it (its size and modification time), as an
+    object store's ETag is: ``local:<bytes>:<mtime ns>``. The content hash is taken while the
+    file is read (``SeekableHashingReader``) and recorded beside it."""
+    st = os.stat(path)
+    return f"local:{st.st_size}:{st.st_mtime_ns}"
 
 
 class HashingReader:
@@ -97,3 +105,77 @@ def atomic_write(path: Path | str, write_fn: Callable[[Path], object]) -> Path:
     finally:
         tmp.unlink(missing_ok=True)  # gone after a successful replace
     return path
+
+
+class SeekableHashingReader:
+    """A seekable read-only view of a file for a decoder (PyAV) that hashes the file as the
+    decoder reads it: the sha256 advances over the longest prefix read so far in order, and
+    ``hexdigest()`` reads only what the decoder never reached (a trailing index, a skipped
+    tail) to finish it. So a source is read once and its hash equals ``sha256_file``.
+
+    ``reread_bytes`` counts the bytes ``hexdigest()`` had to read itself."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._f = open(self.path, "rb")
+        self._h = hashlib.sha256()
+        self._hashed = 0  # bytes [0, _hashed) are in the hash
+        self.reread_bytes = 0
+        self._digest: str | None = None
+
+    def _feed(self, pos: int, data: bytes | memoryview) -> None:
+        if pos <= self._hashed < pos + len(data):
+            self._h.update(memoryview(data)[self._hashed - pos:])
+            self._hashed = pos + len(data)
+
+    def read(self, size: int = -1) -> bytes:
+        pos = self._f.tell()
+        data = self._f.read(size)
+        self._feed(pos, data)
+        return data
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:
+        pos = self._f.tell()
+        n = self._f.readinto(buffer) or 0
+        self._feed(pos, memoryview(buffer).cast("B")[:n])
+        return n
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self._f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def hexdigest(self) -> str:
+        """sha256 hex of the whole file (reads what the decoder did not, once)."""
+        if self._digest is None:
+            with open(self.path, "rb") as f:
+                f.seek(self._hashed)
+                while block := f.read(CHUNK_BYTES):
+                    self._h.update(block)
+                    self._hashed += len(block)
+                    self.reread_bytes += len(block)
+            self._digest = self._h.hexdigest()
+        return self._digest
+
+    def close(self) -> None:
+        self._f.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._f.closed
+
+    def __enter__(self) -> "SeekableHashingReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

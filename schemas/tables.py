@@ -37,7 +37,8 @@ class LineageColumns(_Row):
     session_id: str
     source_id: str
     source_uri: str
-    source_version: str = Field(description="sha256 of the source bytes (or the object's etag)")
+    source_version: str = Field(description="the source's version, known without reading it: "
+                                            "'local:<bytes>:<mtime ns>' for a file, the ETag for an object")
     operators: str = Field(description="operator kind@version chain that produced the row, ';'-separated")
     policy: str = Field(description="de-identification policy id@version")
     model_id: str | None = Field(None, description="embedding model name@weights-hash, if any")
@@ -257,6 +258,8 @@ class SourceLineageRow(_Row):
     clock_method: str = Field("manifest", description="manifest | estimated (against clock_reference)")
     clock_reference: str | None = Field(None, description="source the clock was estimated or verified against")
     track_of: str | None = Field(None, description="the video source whose own audio stream this source is")
+    source_sha256: str | None = Field(None, description="'sha256:<hex>' of the source bytes, hashed as they were "
+                                                        "read (None: the source was not read)")
 
 
 ALL_TABLES: tuple[type[_Row], ...] = (

@@ -49,8 +49,9 @@ def sniff_document(path: Path) -> str | None:
     return None
 
 
-def open_container(path: Path, uri: str, stage: str) -> Any:
-    """Open ``path`` with PyAV; see the module docstring for the reason codes."""
+def open_container(path: Path, uri: str, stage: str, reader: Any = None) -> Any:
+    """Open ``path`` with PyAV (reading through ``reader`` when given, a seekable file object
+    over the same file); see the module docstring for the reason codes."""
     av = require("av")
 
     if not path.is_file():
@@ -64,7 +65,7 @@ def open_container(path: Path, uri: str, stage: str) -> Any:
         raise UnsupportedInputError(f"the file is {document}, not audio/video; fix its extension or manifest "
                                     "modality", source_uri=uri, stage=stage, code="wrong_type")
     try:
-        container = av.open(str(path), mode="r")
+        container = av.open(reader if reader is not None else str(path), mode="r")
     except (av.error.FFmpegError, OSError, ValueError) as e:
         raise UnreadableInputError(f"not a readable media file ({type(e).__name__}); check that it is complete "
                                    "and plays", source_uri=uri, stage=stage, code="unreadable") from None

@@ -191,7 +191,7 @@ class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
 
         self.ensure_setup()
         cfg, win, hop = self.config, self.win, self.hop
-        container = open_container(ctx.path, ctx.uri, stage=self.kind)
+        container = open_container(ctx.path, ctx.uri, stage=self.kind, reader=ctx.reader)
         with container:
             if not container.streams.audio:
                 raise UnsupportedInputError("no audio stream; give this source another modality or drop it",

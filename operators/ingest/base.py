@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pyarrow as pa
 
@@ -23,22 +23,26 @@ from modalign.schemas.manifest import SourceSpec
 
 @dataclass(frozen=True)
 class SourceContext:
-    """One source of one session, resolved to a local file."""
+    """One source of one session, resolved to a local file.
+
+    ``reader``: when set, decoders read the source's bytes through it (a
+    ``schemas.files.SeekableHashingReader`` hashes them on the way) instead of opening ``path``."""
 
     session_id: str
     spec: SourceSpec
     path: Path
     uri: str
     version: str
+    reader: Any = field(default=None, compare=False, repr=False)
 
     @property
     def clock(self) -> SessionClock:
         return SessionClock.from_mapping(self.spec.clock)
 
 
-def file_version(path: Path, chunk: int = 1 << 20) -> str:
-    """``sha256:<hex>`` of a file's bytes, the version recorded in lineage."""
-    return "sha256:" + sha256_file(path, chunk)
+def file_version(path: Path) -> str:
+    """``sha256:<hex>`` of a file's bytes (the content hash recorded in lineage)."""
+    return "sha256:" + sha256_file(path)
 
 
 def event_id(session_id: str, source_id: str, kind: str, index: int) -> str:

@@ -175,7 +175,7 @@ class VideoFramesOperator(SourceOperator[VideoFramesConfig]):
 
     def read(self, ctx: SourceContext) -> Iterator[pa.Table]:
         self.ensure_setup()
-        container = open_container(ctx.path, ctx.uri, stage=self.kind)
+        container = open_container(ctx.path, ctx.uri, stage=self.kind, reader=ctx.reader)
         with container:
             if not container.streams.video:
                 raise UnsupportedInputError("no video stream; give this source modality 'audio' or drop it",

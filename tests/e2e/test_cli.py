@@ -177,7 +177,8 @@ def test_lineage_rows_name_every_source(demo):
         spec = next(s for s in sources if s.id == r["source_id"])
         path = root / "sample" / spec.uri
         assert r["source_uri"] == path.resolve().as_uri()
-        assert r["source_version"] == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+        assert r["source_sha256"] == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+        assert r["source_version"] == f"local:{path.stat().st_size}:{path.stat().st_mtime_ns}"
         assert r["status"] == "ingested" and r["policy"] == DeidPolicy().tag
     lapel = next(r for r in rows if r["source_id"] == "lapel")
     assert lapel["clock_method"] == "estimated" and lapel["clock_reference"] == "room_video"

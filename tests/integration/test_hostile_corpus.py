@@ -65,8 +65,10 @@ def test_hostile_corpus_is_quarantined_and_the_good_file_completes(ray_local, ho
             assert r["start_t_ns"] is not None and r["end_t_ns"] is not None and r["start_t_ns"] > 0
 
     lineage = ds.dataset(out / "lineage" / "sources", format="parquet").to_table().to_pylist()
-    status = {Path(r["source_uri"]).name: r["status"] for r in lineage}
+    status = {Path(r["source_uri"]).name: r["status"] for r in lineage if r["track_of"] is None}
+    tracks = {Path(r["source_uri"]).name: r["status"] for r in lineage if r["track_of"] is not None}
     assert status["good.wav"] == "ingested"
+    assert tracks["wav_as.mp4"] == "ingested"  # no video stream, but its sound is real: the audio track reads it
     assert "notes.txt" not in status and "notes.txt" not in names  # not media: never discovered
     for h in CORPUS:
         if h.runner_code is not None and h.name in status:

@@ -79,19 +79,42 @@ def folder(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def run(ray_local, folder, tmp_path_factory):
-    """(out, summary) of one run; the driver's file hash is booby-trapped: only workers may hash."""
+    """(out, summary) of one run; the driver's file hashes are booby-trapped: only workers read sources."""
     import modalign.operators.ingest.base as base
+    import modalign.pipeline.worker as worker
+    import modalign.schemas.files as files
 
     tmp = tmp_path_factory.mktemp("structure-out")
     out = tmp / "out"
+
+    def trap(*_a, **_k):
+        pytest.fail("the driver read a source to hash it")
+
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(base, "file_version", lambda *_a, **_k: pytest.fail("the driver hashed a source"))
+        for mod, name in [(base, "file_version"), (files, "sha256_file"), (files, "SeekableHashingReader"),
+                          (worker, "sha256_file"), (worker, "SeekableHashingReader")]:
+            mp.setattr(mod, name, trap)
         summary = Runner(RunConfig(key_store=tmp / "keys"), out, progress=lambda _m: None).run(folder)
     return out, summary
 
 
 def _lineage(out: Path) -> list[dict]:
     return ds.dataset(out / "lineage" / "sources", format="parquet").to_table().to_pylist()
+
+
+def test_each_source_is_hashed_by_its_worker_while_it_is_read(run, folder):
+    """Defect: the driver hashed every source serially before any work, then the worker read it again."""
+    import hashlib
+    import os
+    from urllib.parse import unquote, urlparse
+
+    out, _ = run
+    for r in _lineage(out):
+        path = Path(unquote(urlparse(r["source_uri"]).path))
+        st = os.stat(path)
+        assert r["source_version"] == f"local:{st.st_size}:{st.st_mtime_ns}"  # known without a read
+        if r["status"] != "no_stream":
+            assert r["source_sha256"] == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest(), r["source_id"]
 
 
 def test_run_json_names_every_operator_and_package(run):

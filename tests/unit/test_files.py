@@ -101,3 +101,32 @@ def test_the_written_file_gets_the_usual_mode(tmp_path):
     ref = tmp_path / "ref.bin"
     ref.write_bytes(b"x")
     assert (p.stat().st_mode & 0o777) == (ref.stat().st_mode & 0o777)
+
+
+@pytest.mark.parametrize("faststart", [False, True])
+def test_seekable_hashing_reader_hashes_what_pyav_reads_once(tmp_path, faststart):
+    """PyAV seeks (an mp4's index can sit at the end): the hash still equals the file's, and
+    finishing it re-reads only what the decoder skipped, not the file."""
+    import av
+    import numpy as np
+
+    from modalign.schemas.files import SeekableHashingReader
+
+    path = tmp_path / "clip.mp4"
+    opts = {"movflags": "faststart"} if faststart else {}
+    with av.open(str(path), "w", options=opts) as c:
+        s = c.add_stream("libx264", rate=25)
+        s.width, s.height, s.pix_fmt = 320, 240, "yuv420p"
+        rng = np.random.default_rng(0)
+        for _ in range(50):
+            img = rng.integers(0, 255, (240, 320, 3), dtype=np.uint8)
+            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    with SeekableHashingReader(path) as reader:
+        with av.open(reader) as c:
+            frames = sum(1 for _ in c.decode(video=0))
+        assert frames == 50
+        assert reader.hexdigest() == hashlib.sha256(path.read_bytes()).hexdigest() == sha256_file(path)
+        assert reader.reread_bytes < 0.05 * path.stat().st_size  # at most the trailing index, re-read once
