@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from modalign.operators.align.aligner import TickAligner  # noqa: E402
 from modalign.schemas.manifest import ClockMapping  # noqa: E402

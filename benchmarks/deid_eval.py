@@ -20,7 +20,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from modalign.pipeline.deid_eval import render, run_eval, to_json  # noqa: E402
 

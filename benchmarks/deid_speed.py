@@ -27,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from modalign.pipeline.deid_eval import espeak_16k, make_text_corpus  # noqa: E402

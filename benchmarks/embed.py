@@ -27,21 +27,20 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 
 def ingest_payloads(manifest: Path, out: Path, keys: Path, config) -> list[tuple[str, object, dict]]:
     """(modality, de-identified payload table, lineage) of every embed item of the sample session."""
-    from modalign.operators.ingest.base import SourceContext, file_version
     from modalign.pipeline.discovery import discover
+    from modalign.pipeline.items import EmbedItem, SourceItem, SourceJob
     from modalign.pipeline.worker import IngestWorker
+    from modalign.schemas.files import stat_version
 
     worker = IngestWorker(config, out, keys)
     items = []
@@ -49,14 +48,14 @@ def ingest_payloads(manifest: Path, out: Path, keys: Path, config) -> list[tuple
         m = s.manifest
         for spec in m.sources:
             path = s.resolve(spec)
-            ctx = SourceContext(session_id=m.session_id, spec=spec, path=path, uri=s.source_uri(spec),
-                                version=file_version(path))
+            job = SourceJob(run_id="bench", session_id=m.session_id, spec=spec, path=path, uri=s.source_uri(spec),
+                            version=stat_version(path), tenant=m.tenant, subjects=tuple(m.subjects))
             lineage = None
-            for kind, payload in worker.ingest(ctx, m.tenant, tuple(m.subjects)):
-                if kind == "source":
-                    lineage = payload
-                elif kind == "embed":
-                    items.append((payload[0], payload[1], lineage))
+            for item in worker.ingest(job):
+                if isinstance(item, SourceItem):
+                    lineage = item.lineage.model_dump()
+                elif isinstance(item, EmbedItem):
+                    items.append((item.modality, item.table, lineage))
     return items
 
 

@@ -20,12 +20,10 @@ import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from modalign.operators.deid.frame_text import (  # noqa: E402
     FrameTextConfig,

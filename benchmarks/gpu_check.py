@@ -13,13 +13,10 @@ vectors with the CPU fp32 ones. Without CUDA it says so and exits 0.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 BATCH_SIZES = (32, 64, 128, 256)
 

@@ -2,50 +2,25 @@
 
 from __future__ import annotations
 
-import wave
 from pathlib import Path
 
-import numpy as np
 import pyarrow.dataset as ds
 import pytest
 
 from modalign.pipeline.runner import EXIT_QUARANTINED, Runner
 from modalign.schemas.config import RunConfig
+from clips import write_clip, write_tone
 
 pytestmark = pytest.mark.integration
-
-
-def _write_tone(path: Path, seconds: float = 2.0, rate: int = 16_000) -> None:
-    t = np.arange(int(seconds * rate)) / rate
-    pcm = (0.3 * np.sin(2 * np.pi * 440 * t) * 32767).astype("<i2")
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm.tobytes())
-
-
-def _write_clip(path: Path, frames: int = 25) -> None:
-    import av
-
-    with av.open(str(path), "w") as c:
-        s = c.add_stream("libx264", rate=25)
-        s.width, s.height, s.pix_fmt = 160, 120, "yuv420p"
-        for i in range(frames):
-            img = np.full((120, 160, 3), (i * 9) % 255, np.uint8)
-            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
-                c.mux(p)
-        for p in s.encode():
-            c.mux(p)
 
 
 @pytest.fixture(scope="module")
 def mixed_folder(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("mixed")
-    _write_tone(d / "good.wav")
+    write_tone(d / "good.wav")
     (d / "empty.mp4").write_bytes(b"")
     (d / "notes.pdf").write_bytes(b"this is not a pdf at all\n" * 20)
-    _write_clip(d / "clip.mp4")
+    write_clip(d / "clip.mp4", seconds=1.0, sound=False)
     data = (d / "clip.mp4").read_bytes()
     (d / "truncated.mp4").write_bytes(data[: len(data) // 3])
     return d
