@@ -32,6 +32,7 @@ class SourceJob:
     tenant: str = "default"
     subjects: tuple[str, ...] = ()
     reference: tuple[Path, ClockMapping] | None = None  # (file, clock) to estimate/verify against
+    roots: tuple[Path, ...] = ()  # where the path may resolve; the worker checks again before it opens it
 
 
 @dataclass(frozen=True)

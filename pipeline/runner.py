@@ -31,7 +31,7 @@ from modalign.pipeline.worker import lineage_row
 from modalign.schemas.arrow import rows_to_table
 from modalign.schemas.config import RunConfig
 from modalign.schemas.environment import key_store_dir, ray_temp_dir
-from modalign.schemas.errors import ConfigError, QuarantineReason
+from modalign.schemas.errors import ConfigError, InputError, QuarantineReason
 from modalign.schemas.files import stat_version
 from modalign.schemas.tables import LineageColumns, QuarantineRow, SourceLineageRow
 
@@ -122,7 +122,7 @@ class Runner:
         from modalign.pipeline.actors import AlignerActor, EmbedActor, IngestActor
 
         started = time.time()
-        sessions = discover(Path(input_path))  # ConfigError before any work
+        sessions = discover(Path(input_path), tuple(self.config.ingest.allowed_roots))  # ConfigError before work
         self.out.mkdir(parents=True, exist_ok=True)
         self.key_store.mkdir(parents=True, exist_ok=True, mode=0o700)
         cpus = self._init_ray()
@@ -178,7 +178,16 @@ class Runner:
         """The ingest job of one source, or None (and a quarantine row) when its file is unusable."""
         s = st.session
         m = s.manifest
-        path, uri = s.resolve(spec), s.source_uri(spec)
+        try:
+            path = s.resolve(spec)  # containment first: nothing outside the roots is even stat()ed
+        except InputError as exc:
+            if spec.track_of is None:
+                self.progress(f"quarantine {spec.uri}: [{exc.code}] {exc.message}")
+                st.quarantine.append(QuarantineRow(
+                    session_id=m.session_id, source_id=spec.id, source_uri=spec.uri, source_version=None,
+                    stage="discover", reason_code=exc.code, message=exc.message))
+            return None
+        uri = path.as_uri()
         problem = None
         if not path.is_file():
             problem = (QuarantineReason.FILE_MISSING, "file not found; check the manifest's uri")
@@ -197,7 +206,7 @@ class Runner:
             return None
         return SourceJob(run_id=self.run_id, session_id=m.session_id, spec=spec, path=path, uri=uri,
                          version=version, tenant=m.tenant, subjects=tuple(m.subjects),
-                         reference=self._reference(st, spec))
+                         reference=self._reference(st, spec), roots=s.roots)
 
     def _ingest_one(self, st: _SessionState, job: SourceJob, actor, embedder) -> None:
         """Stream one source through an ingest actor, forwarding its items (runs in a driver thread)."""
@@ -277,8 +286,11 @@ class Runner:
         if ref_id is None:
             return None
         ref = next(s for s in st.session.manifest.sources if s.id == ref_id)
-        path = st.session.resolve(ref)
-        if not path.is_file():
+        try:
+            path = st.session.resolve(ref)
+        except InputError:
+            path = None
+        if path is None or not path.is_file():
             self.progress(f"clock {st.session.manifest.session_id}/{spec.id}: reference {ref_id} is missing; "
                           "manifest clock kept")
             return None

@@ -98,6 +98,13 @@ class IngestWorker:
         if job.spec.track_of is not None and not self._has_track(job):
             yield DoneItem(lineage_row(job, lineage, clock, status="no_stream"))
             return
+        if job.roots and not any(job.path.resolve().is_relative_to(r) for r in job.roots):  # swapped since
+            err = InputError("the source now resolves outside the input root (a symlink changed since discovery); "
+                             "it was not read", source_uri=job.uri, stage="read",
+                             code=QuarantineReason.PATH_OUTSIDE_ROOT)
+            yield QuarantineItem(quarantine_row(job, job.version, err))
+            yield DoneItem(lineage_row(job, lineage, clock, status="quarantined"))
+            return
         try:  # the decoder reads the source through this reader, which hashes it on the way: one read
             reader = SeekableHashingReader(job.path) if plan.reads_stream else None
         except OSError as exc:  # vanished or unreadable since discovery

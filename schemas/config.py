@@ -69,6 +69,8 @@ class IngestConfig(_Strict):
     audio: AudioIngestConfig = AudioIngestConfig()
     pdf: PdfIngestConfig = PdfIngestConfig()
     max_file_bytes: int = Field(20 * 2**30, gt=0)
+    allowed_roots: list[Path] = Field(
+        default_factory=list, description="folders sources may also resolve into, besides their manifest's folder")
 
 
 class AlignConfig(_Strict):

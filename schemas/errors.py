@@ -30,6 +30,7 @@ class QuarantineReason(StrEnum):
     """Why an input (or a range of it) was quarantined: the stable codes of quarantine rows."""
 
     # the file itself
+    PATH_OUTSIDE_ROOT = "path_outside_root"  # resolves outside the input root: refused before any read
     FILE_MISSING = "file_missing"            # the path is not a file (or vanished before it was read)
     FILE_EMPTY = "file_empty"                # zero bytes
     LIMIT_EXCEEDED = "limit_exceeded"        # over a configured size limit (e.g. ingest.max_file_bytes)

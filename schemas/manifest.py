@@ -122,7 +122,8 @@ class Manifest(_Strict):
     session_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
     sources: list[SourceSpec] = Field(min_length=1)
     subjects: list[str] = Field(default_factory=list, description="data-subject ids present in the session")
-    tenant: str = Field("default", description="pseudonym key scope")
+    tenant: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$",
+                        description="pseudonym key scope: letters, digits, '_' and '-' (a key file name, no path)")
     ground_truth: GroundTruth | None = None
 
     @model_validator(mode="after")

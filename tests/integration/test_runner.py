@@ -52,3 +52,36 @@ def test_bad_inputs_quarantined_rest_complete(ray_local, mixed_folder, tmp_path)
     assert status[("good.wav", "source")] == "ingested" and status[("clip.mp4", "source")] == "ingested"
     assert status[("clip.mp4", "source.audio")] == "no_stream"  # the clip has no sound: not bad input
     assert any("quarantine" in m for m in messages)
+
+
+def test_sources_outside_the_input_are_never_read(ray_local, tmp_path):
+    """A manifest naming ../outside.pdf and a symlink to it: quarantined, no byte of it in OUT."""
+    import hashlib
+
+    from reportlab.pdfgen import canvas
+
+    root, elsewhere = tmp_path / "in", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    secret = elsewhere / "secret.pdf"
+    c = canvas.Canvas(str(secret))
+    c.drawString(72, 720, "OUTSIDE-SECRET-4711 payroll of the whole company")
+    c.save()
+    write_tone(root / "good.wav")
+    (root / "leak.pdf").symlink_to(secret)
+    (root / "m.yaml").write_text("session_id: meet\nsources:\n  - {id: mic, uri: good.wav, modality: audio}\n"
+                                 "  - {id: deck, uri: ../elsewhere/secret.pdf, modality: pdf}\n")
+    out = tmp_path / "out"
+    summary = Runner(RunConfig(key_store=tmp_path / "keys"), out, progress=lambda _m: None).run(root)
+
+    assert summary["exit_code"] == EXIT_QUARANTINED and summary["counts"]["events"]["audio"] > 0
+    q = ds.dataset(out / "quarantine", format="parquet").to_table().to_pylist()
+    assert sorted((r["source_id"], r["reason_code"]) for r in q) == [("deck", "path_outside_root"),
+                                                                      ("source", "path_outside_root")]
+    assert all(r["source_version"] is None and r["stage"] == "discover" for r in q)
+    digest = hashlib.sha256(secret.read_bytes()).hexdigest().encode()
+    for f in out.rglob("*"):
+        if f.is_file():
+            data = f.read_bytes()
+            assert b"OUTSIDE-SECRET" not in data and digest not in data, f
+    assert summary["counts"]["events"]["pdf"] == 0

@@ -65,3 +65,59 @@ def test_a_manifest_is_parsed_once(tmp_path, monkeypatch):
     monkeypatch.setattr(discovery, "read_mapping", lambda p: calls.append(p) or real(p))
     assert [s.manifest.session_id for s in discover(tmp_path)] == ["s1"]
     assert calls == [tmp_path / "m.yaml"]
+
+
+# -- containment: nothing outside the input root is read -------------------------------------
+
+ESCAPES = ["../../../../etc/passwd", "/etc/shadow", "file:///etc/hostname", "link_out.wav", "s3://bucket/x.wav"]
+
+
+@pytest.fixture
+def outside(tmp_path):
+    """An input folder and, beside it, a file it must never reach (also through a symlink)."""
+    root, elsewhere = tmp_path / "in", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "secret.wav").write_bytes(b"RIFF-not-yours")
+    (root / "link_out.wav").symlink_to(elsewhere / "secret.wav")
+    (root / "ok.wav").write_bytes(b"x")
+    return root, elsewhere
+
+
+@pytest.mark.parametrize("uri", ESCAPES)
+def test_a_manifest_source_outside_its_folder_stops_the_run_naming_the_field(outside, uri):
+    root, _ = outside
+    (root / "m.yaml").write_text("session_id: s\nsources:\n  - {id: ok, uri: ok.wav, modality: audio}\n"
+                                 f"  - {{id: bad, uri: '{uri}', modality: audio}}\n")
+    with pytest.raises(ConfigError, match=r"sources\.1\.uri"):
+        discover(root / "m.yaml")
+
+
+def test_in_a_folder_run_only_the_escaping_source_is_refused(outside):
+    root, elsewhere = outside
+    (root / "m.yaml").write_text("session_id: s\nsources:\n  - {id: ok, uri: ok.wav, modality: audio}\n"
+                                 "  - {id: bad, uri: ../elsewhere/secret.wav, modality: audio}\n")
+    sessions = {s.manifest.session_id: s for s in discover(root)}
+    refused = {spec.id: exc for spec, exc in sessions["s"].refusals()}
+    assert set(refused) == {"bad"} and refused["bad"].code == "path_outside_root"
+    assert "sources.1.uri" in refused["bad"].message
+    link = next(s for s in sessions.values() if s.manifest.sources[0].uri == "link_out.wav")
+    assert [spec.uri for spec, _ in link.refusals()] == ["link_out.wav"]  # the symlink is followed, then refused
+
+
+def test_allowed_roots_and_harmless_dots_are_accepted(outside):
+    root, elsewhere = outside
+    (root / "sub").mkdir()
+    (root / "m.yaml").write_text("session_id: s\nsources:\n  - {id: a, uri: sub/../ok.wav, modality: audio}\n"
+                                 f"  - {{id: b, uri: '{(elsewhere / 'secret.wav').as_uri()}', modality: audio}}\n")
+    (session,) = discover(root / "m.yaml", allowed_roots=(elsewhere,))
+    assert [session.resolve(s) for s in session.manifest.sources] == [root.resolve() / "ok.wav",
+                                                                       (elsewhere / "secret.wav").resolve()]
+
+
+@pytest.mark.parametrize("tenant", ["../../..", "a/b", ".hidden", "x" * 200, ""])
+def test_tenant_is_validated_like_every_id(tmp_path, tenant):
+    (tmp_path / "m.yaml").write_text(f"session_id: s\ntenant: '{tenant}'\nsources:\n"
+                                     "  - {id: a, uri: a.wav, modality: audio}\n")
+    with pytest.raises(ConfigError, match="tenant"):
+        discover(tmp_path / "m.yaml")
