@@ -7,82 +7,95 @@ unknown keys are errors that name the field.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from modalign.schemas.manifest import Modality
 from modalign.schemas.policy import DeidPolicy
+
+DAY_S = 86_400
+MAX_SIDE_PX = 16_384
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Every number has a physical bound, and no field takes inf or nan.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class VideoIngestConfig(_Strict):
     """Video decode: sampling, output size and limits; ``sample_fps=None`` keeps every frame."""
 
-    sample_fps: float | None = Field(None, gt=0, description="None: every decoded frame")
+    sample_fps: float | None = Field(None, gt=0, le=1000, description="None: every decoded frame")
     keyframes_only: bool = Field(False, description="decode keyframes only (fast scene sampling)")
-    max_side: int | None = Field(None, gt=0, description="downscale so the longer side is at most this (px)")
-    max_pixels: int = Field(3840 * 2160, gt=0, description="decoded frames larger than this are rejected")
-    max_duration_s: float = Field(4 * 3600, gt=0)
-    batch_frames: int = Field(32, gt=0, description="frames per table, at most")
-    batch_bytes: int = Field(16 * 2**20, gt=0, description="pixel bytes per table, at most (one frame minimum)")
+    max_side: int | None = Field(None, gt=0, le=MAX_SIDE_PX, description="downscale so the longer side is at most this (px)")
+    max_pixels: int = Field(3840 * 2160, gt=0, le=MAX_SIDE_PX**2, description="decoded frames larger than this are rejected")
+    max_duration_s: float = Field(4 * 3600, gt=0, le=7 * DAY_S)
+    batch_frames: int = Field(32, gt=0, le=4096, description="frames per table, at most")
+    batch_bytes: int = Field(16 * 2**20, gt=0, le=4 * 2**30, description="pixel bytes per table, at most (one frame minimum)")
     jpeg_quality: int = Field(90, ge=10, le=100, description="quality of stored de-identified frames")
 
 
 class AudioIngestConfig(_Strict):
     """Audio decode and MFCC (the field's 16 kHz / 40 coefficients / 25 ms / 10 ms) and limits."""
 
-    sample_rate_hz: int = Field(16_000, gt=0)
-    n_mfcc: int = Field(40, gt=0)
-    n_mels: int = Field(64, gt=0)
-    win_ms: float = Field(25.0, gt=0)
-    hop_ms: float = Field(10.0, gt=0)
-    max_duration_s: float = Field(4 * 3600, gt=0)
-    chunk_s: float = Field(10.0, gt=0, description="seconds of audio decoded per MFCC batch")
+    sample_rate_hz: int = Field(16_000, ge=8_000, le=192_000)
+    n_mfcc: int = Field(40, gt=0, le=128)
+    n_mels: int = Field(64, gt=0, le=512)
+    win_ms: float = Field(25.0, ge=1, le=1000)
+    hop_ms: float = Field(10.0, ge=1, le=1000)
+    max_duration_s: float = Field(4 * 3600, gt=0, le=7 * DAY_S)
+    chunk_s: float = Field(10.0, ge=0.1, le=600, description="seconds of audio decoded per MFCC batch")
     vad: bool = Field(True, description="compute the per-frame voice-activity flag `voiced`")
-    vad_threshold_db: float = Field(10.0, gt=0, description="active: this far above the noise floor")
-    vad_floor_s: float = Field(3.0, gt=0, description="noise floor: quietest frame of this window")
-    vad_hangover_ms: float = Field(200.0, ge=0, description="voiced for this long after the last active frame")
-    vad_min_dbfs: float = Field(-55.0, description="frames quieter than this are never active")
+    vad_threshold_db: float = Field(10.0, gt=0, le=120, description="active: this far above the noise floor")
+    vad_floor_s: float = Field(3.0, gt=0, le=600, description="noise floor: quietest frame of this window")
+    vad_hangover_ms: float = Field(200.0, ge=0, le=60_000, description="voiced for this long after the last active frame")
+    vad_min_dbfs: float = Field(-55.0, ge=-200, le=0, description="frames quieter than this are never active")
+
+    @model_validator(mode="after")
+    def _frames_fit(self) -> "AudioIngestConfig":
+        if self.hop_ms > self.win_ms:
+            raise ValueError(f"hop_ms ({self.hop_ms}) must not exceed win_ms ({self.win_ms}): samples would be skipped")
+        if self.n_mfcc > self.n_mels:
+            raise ValueError(f"n_mfcc ({self.n_mfcc}) must not exceed n_mels ({self.n_mels})")
+        return self
 
 
 class PdfIngestConfig(_Strict):
     """PDF extraction settings and per-document / per-page limits (timeouts in seconds)."""
 
     dpi: int = Field(200, ge=50, le=1200, description="render resolution; also the pixel scale of every box")
-    lang: str = "eng"
-    max_pages: int = Field(500, gt=0)
-    render_timeout_s: float = Field(60, gt=0, description="per poppler call (info, render, text layer)")
-    ocr_timeout_s: float = Field(120, gt=0, description="per tesseract call (one page)")
-    max_page_pixels: int = Field(10000 * 10000, gt=0, description="page area at dpi, checked before extraction")
-    max_image_pixels: int = Field(12000 * 12000, gt=0, description="declared size of any embedded image")
+    lang: str = Field("eng", pattern=r"^[A-Za-z_]+(\+[A-Za-z_]+)*$", description="tesseract language(s)")
+    max_pages: int = Field(500, gt=0, le=100_000)
+    render_timeout_s: float = Field(60, gt=0, le=3600, description="per poppler call (info, render, text layer)")
+    ocr_timeout_s: float = Field(120, gt=0, le=3600, description="per tesseract call (one page)")
+    max_page_pixels: int = Field(10000 * 10000, gt=0, le=40_000**2, description="page area at dpi, checked before extraction")
+    max_image_pixels: int = Field(12000 * 12000, gt=0, le=40_000**2, description="declared size of any embedded image")
     text_layer: bool = Field(True, description="use a page's text layer when it has one; OCR the others")
-    text_layer_min_chars: int = Field(16, ge=1, description="non-space characters for a page to count as text")
-    ocr_workers: int = Field(2, ge=1, description="pages rendered/OCRed concurrently (and the in-flight bound)")
-    subprocess_memory_mb: int = Field(2048, ge=64, description="address-space ceiling of each poppler/tesseract")
+    text_layer_min_chars: int = Field(16, ge=1, le=100_000, description="non-space characters for a page to count as text")
+    ocr_workers: int = Field(2, ge=1, le=256, description="pages rendered/OCRed concurrently (and the in-flight bound)")
+    subprocess_memory_mb: int = Field(2048, ge=64, le=1 << 20, description="address-space ceiling of each poppler/tesseract")
 
 
 class IngestConfig(_Strict):
     video: VideoIngestConfig = VideoIngestConfig()
     audio: AudioIngestConfig = AudioIngestConfig()
     pdf: PdfIngestConfig = PdfIngestConfig()
-    max_file_bytes: int = Field(20 * 2**30, gt=0)
+    max_file_bytes: int = Field(20 * 2**30, gt=0, le=2**40)
     allowed_roots: list[Path] = Field(
         default_factory=list, description="folders sources may also resolve into, besides their manifest's folder")
 
 
 class AlignConfig(_Strict):
-    tick_hz: float = Field(25.0, gt=0)
-    tolerance_ms: dict[str, float] = Field(
+    tick_hz: float = Field(25.0, ge=0.01, le=1000, description="aligned output ticks per second")
+    tolerance_ms: dict[Modality, Annotated[float, Field(gt=0, le=60_000)]] = Field(
         default_factory=lambda: {"video": 33.0, "audio": 40.0, "pdf": 200.0},
         description="per-modality half-window; outside it a tick records a gap",
     )
-    drift_threshold_ms: float = Field(800.0, gt=0)
-    drift_consecutive_ticks: int = Field(5, ge=1)
+    drift_threshold_ms: float = Field(800.0, gt=0, le=3_600_000)
+    drift_consecutive_ticks: int = Field(5, ge=1, le=1_000_000)
     allowed_lateness_ms: float = Field(
-        2000.0, ge=0, description="an event later than this behind its source's newest is logged 'late', not matched"
+        2000.0, ge=0, le=3_600_000, description="an event later than this behind its source's newest is logged 'late', not matched"
     )
 
 
@@ -97,6 +110,13 @@ class ImageEncoderSpec(_Strict):
     mean: tuple[float, float, float] = Field((0.485, 0.456, 0.406), description="per-channel mean of pixel/255, RGB")
     std: tuple[float, float, float] = Field((0.229, 0.224, 0.225), description="per-channel std of pixel/255, RGB")
 
+    @field_validator("std")
+    @classmethod
+    def _positive_std(cls, v: tuple[float, float, float]) -> tuple[float, float, float]:
+        if any(x <= 0 for x in v):
+            raise ValueError("every std must be > 0")
+        return v
+
 
 class EmbedConfig(_Strict):
     image_encoder: ImageEncoderSpec | None = Field(
@@ -107,21 +127,30 @@ class EmbedConfig(_Strict):
     text_model_path: Path | None = Field(None, description="a sentence-transformers folder; None: the packaged MiniLM")
     text_model: str = Field("all-minilm-l6-v2", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
                             description="name recorded in the text model_id (NAME@HASH); set it with text_model_path")
-    image_fps: float = Field(1.0, gt=0, description="video frames embedded per second of video")
+    image_fps: float = Field(1.0, gt=0, le=240, description="video frames embedded per second of video")
     roi_boxes: list[tuple[int, int, int, int]] = Field(
-        default_factory=list,
+        default_factory=list, max_length=64,
         description="fixed regions (x0, y0, x1, y1 px) of every embedded video frame, e.g. the projector screen: "
                     "roi features pooled from the frame's patch grid, like face boxes")
-    image_size: int = Field(224, ge=32)
-    batch_size: int = Field(16, ge=1)
-    device: str = Field("auto", description="auto | cpu | cuda")
+    image_size: int = Field(224, ge=32, le=2048)
+    batch_size: int = Field(16, ge=1, le=4096)
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto | cpu | cuda")
+
+    @field_validator("roi_boxes")
+    @classmethod
+    def _boxes_in_frame(cls, v: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
+        for k, (x0, y0, x1, y1) in enumerate(v):
+            if not (0 <= x0 < x1 <= MAX_SIDE_PX and 0 <= y0 < y1 <= MAX_SIDE_PX):
+                raise ValueError(f"roi_boxes[{k}] = {(x0, y0, x1, y1)}: need 0 <= x0 < x1 <= {MAX_SIDE_PX} "
+                                 f"and 0 <= y0 < y1 <= {MAX_SIDE_PX}")
+        return v
 
 
 class RuntimeConfig(_Strict):
     address: str | None = Field(None, description="Ray address; None starts a local Ray")
-    num_cpus: int | None = Field(None, ge=1, description="local Ray only; default: all cores")
-    ingest_actors: int | None = Field(None, ge=1, description="default: max(1, cpus - 1)")
-    max_in_flight: int = Field(4, ge=1, description="downstream calls (align, embed) in flight per source stream")
+    num_cpus: int | None = Field(None, ge=1, le=4096, description="local Ray only; default: all cores")
+    ingest_actors: int | None = Field(None, ge=1, le=4096, description="default: max(1, cpus - 1)")
+    max_in_flight: int = Field(4, ge=1, le=1024, description="downstream calls (align, embed) in flight per source stream")
     ray_temp_dir: Path | None = Field(
         None, description="local Ray only: session, log and spill folder (default: Ray's, or $RAY_TMPDIR)"
     )

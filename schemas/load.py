@@ -13,6 +13,8 @@ from modalign.schemas.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
 _YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser where the wheel has it
+MAX_FILE_BYTES = 4 * 2**20  # a manifest or config larger than this is refused before it is parsed
+MAX_ALIASES = 64  # YAML aliases (*ref) per file: an alias bomb expands exponentially when traversed
 
 
 def format_validation_error(err: ValidationError, where: Path | str) -> str:
@@ -27,10 +29,21 @@ def format_validation_error(err: ValidationError, where: Path | str) -> str:
 def read_mapping(path: Path) -> dict:
     """Parse a YAML or JSON file into a dict, or raise ConfigError naming the file."""
     try:
+        size = Path(path).stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise ConfigError(f"{path} is {size} bytes, over the {MAX_FILE_BYTES}-byte limit for a manifest or "
+                              "config; list fewer sources per manifest")
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text") from None
     try:
+        if not str(path).endswith(".json"):
+            aliases = sum(isinstance(e, yaml.AliasEvent) for e in yaml.parse(text, Loader=_YamlLoader))
+            if aliases > MAX_ALIASES:
+                raise ConfigError(f"{path} uses {aliases} YAML aliases, over the limit of {MAX_ALIASES}; "
+                                  "write the values out")
         data = json.loads(text) if str(path).endswith(".json") else yaml.load(text, Loader=_YamlLoader)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path} is not valid YAML/JSON: {exc}") from None

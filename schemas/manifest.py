@@ -21,8 +21,12 @@ MEDIA_SUFFIXES: dict[str, Modality] = {
 }
 
 
+DAY_NS = 86_400 * 1_000_000_000
+MAX_LOCAL_NS = 7 * DAY_NS  # a page schedule reaches at most a week into its recording
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ClockMapping(_Strict):
@@ -32,7 +36,8 @@ class ClockMapping(_Strict):
     integers (see ``modalign.operators.align.clock``) so hours of media convert without float drift.
     """
 
-    offset_ns: int = Field(0, description="session-clock time of the source's local zero, ns")
+    offset_ns: int = Field(0, ge=-DAY_NS, le=DAY_NS, description="session-clock time of the source's local zero, ns "
+                                                                 "(within one day)")
     skew_ppm: float = Field(0.0, ge=-10_000, le=10_000, description="source clock rate error, parts per million")
     estimated: bool = Field(False, description="True when offset/skew came from estimation, not the manifest")
     estimate_from: str | None = Field(
@@ -66,7 +71,7 @@ class SourceSpec(_Strict):
         None, description="PDF only: local time at which each page becomes active (page i until page i+1)"
     )
     page_duration_ns: int = Field(
-        5_000_000_000, gt=0, description="PDF without schedule: each page held this long, sequentially"
+        5_000_000_000, gt=0, le=DAY_NS, description="PDF without schedule: each page held this long, sequentially"
     )
     audio_track: bool = Field(
         True, description="video only: also ingest the container's own audio stream as the audio source "
@@ -84,6 +89,10 @@ class SourceSpec(_Strict):
                 raise ValueError("page_schedule_ns must be strictly increasing")
             if v and v[0] < 0:
                 raise ValueError("page_schedule_ns must not be negative")
+            if v and v[-1] > MAX_LOCAL_NS:
+                raise ValueError(f"page_schedule_ns must stay within {MAX_LOCAL_NS} ns (a week)")
+            if len(v) > 100_000:
+                raise ValueError("page_schedule_ns lists more than 100,000 pages")
         return v
 
     @model_validator(mode="after")
@@ -120,7 +129,7 @@ class Manifest(_Strict):
     """A session: several sources sharing one timeline."""
 
     session_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-    sources: list[SourceSpec] = Field(min_length=1)
+    sources: list[SourceSpec] = Field(min_length=1, max_length=1000)
     subjects: list[str] = Field(default_factory=list, description="data-subject ids present in the session")
     tenant: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$",
                         description="pseudonym key scope: letters, digits, '_' and '-' (a key file name, no path)")
@@ -133,10 +142,20 @@ class Manifest(_Strict):
             if s.id in seen:
                 raise ValueError(f"duplicate source id {s.id!r}")
             seen.add(s.id)
+        by_id = {s.id: s for s in self.sources}
         for s in self.sources:
             ref = s.clock.reference
             if ref is not None and (ref not in seen or ref == s.id):
                 raise ValueError(f"source {s.id!r}: clock.estimate_from/verify_with names no other source ({ref!r})")
+            if ref is not None and by_id[ref].modality == "pdf":
+                raise ValueError(f"source {s.id!r}: clock reference {ref!r} is a PDF; name a source with sound "
+                                 "(audio, or a video with its audio track)")
+            chain, cur = [s.id], ref
+            while cur is not None:  # estimate_from / verify_with must not loop back
+                if cur in chain:
+                    raise ValueError(f"clock references form a cycle: {' -> '.join(chain + [cur])}")
+                chain.append(cur)
+                cur = by_id[cur].clock.reference
             if s.track_of is not None:
                 raise ValueError(f"source {s.id!r}: track_of is set by modalign, not in a manifest")
             if s.modality == "video" and s.audio_track and s.id + TRACK_SUFFIX in seen:
