@@ -6,7 +6,7 @@ rows inside are the row models of ``schemas.tables``, validated where they are m
 
 Order for one source: ``ClockItem`` (only when its clock is estimated or verified), then
 ``SourceItem``, then ``MetaItem``/``EmbedItem`` pairs per batch, any ``QuarantineItem``,
-and ``DoneItem`` last.
+and ``DoneItem`` last (or ``FaultItem`` when OUT failed, and nothing after it).
 """
 
 from __future__ import annotations
@@ -78,6 +78,14 @@ class QuarantineItem:
 
 
 @dataclass(frozen=True)
+class FaultItem:
+    """The environment failed while this source was written (OUT read-only or full): the run
+    must stop; the source is not bad input and is not quarantined."""
+
+    message: str
+
+
+@dataclass(frozen=True)
 class DoneItem:
     """Last item: the source's lineage row and the de-identification counters it adds."""
 
@@ -85,4 +93,4 @@ class DoneItem:
     counts: dict[str, int] = field(default_factory=dict)
 
 
-Item = ClockItem | SourceItem | MetaItem | EmbedItem | QuarantineItem | DoneItem
+Item = ClockItem | SourceItem | MetaItem | EmbedItem | QuarantineItem | FaultItem | DoneItem

@@ -22,8 +22,10 @@ folder and is renamed into place, so a reader never sees half a file.
 
 from __future__ import annotations
 
+import errno
 import json
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from modalign.schemas.errors import EnvironmentFaultError
 from modalign.schemas.files import atomic_write
 from modalign.schemas.tables import (ALL_TABLES, CtalRow, CtalSummaryRow, DriftAlarmRow, FeatureRow, QuarantineRow,
                                      RecordRow, SourceLineageRow, _Row)
@@ -110,6 +113,32 @@ class OutputLayout:
 
 
 _PART = re.compile(r"[0-9]{5}\.parquet")
+
+
+WRITE_FAULTS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EIO})
+
+
+def check_writable(root: Path, min_free_bytes: int) -> None:
+    """Fail before any work when OUT cannot take the run: read-only, not ours, or nearly full."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = atomic_write(root / ".modalign-write-probe", lambda tmp: Path(tmp).write_bytes(b"ok"))
+        probe.unlink()
+        free = shutil.disk_usage(root).free
+    except OSError as exc:
+        raise EnvironmentFaultError(f"the output folder {root} is not writable ({exc.strerror}); "
+                                    "fix its mount or permissions, or choose another --out") from None
+    if free < min_free_bytes:
+        raise EnvironmentFaultError(f"the output folder {root} has {free // 2**20} MiB free, under "
+                                    f"runtime.min_free_mb={min_free_bytes // 2**20}; free space or choose another --out")
+
+
+def write_fault(exc: OSError, path: Path) -> EnvironmentFaultError | None:
+    """The environment fault an OSError while writing ``path`` is (None: not a storage fault)."""
+    if exc.errno not in WRITE_FAULTS:
+        return None
+    return EnvironmentFaultError(f"cannot write {path} ({exc.strerror}); the output folder is read-only, full or "
+                                 "failing: fix it and re-run")
 
 
 def write_table(path: Path, table: pa.Table) -> Path:

@@ -24,14 +24,14 @@ from typing import Any, Callable
 
 from modalign.operators.modalities import PLANS
 from modalign.pipeline.discovery import Session, discover
-from modalign.pipeline.items import (ClockItem, DoneItem, EmbedItem, Item, MetaItem, QuarantineItem, SourceItem,
-                                     SourceJob)
-from modalign.pipeline.layout import OutputLayout, write_json, write_table
+from modalign.pipeline.items import (ClockItem, DoneItem, EmbedItem, FaultItem, Item, MetaItem, QuarantineItem,
+                                     SourceItem, SourceJob)
+from modalign.pipeline.layout import OutputLayout, check_writable, write_json, write_table
 from modalign.pipeline.worker import lineage_row
 from modalign.schemas.arrow import rows_to_table
 from modalign.schemas.config import RunConfig
 from modalign.schemas.environment import key_store_dir, ray_temp_dir
-from modalign.schemas.errors import ConfigError, InputError, QuarantineReason
+from modalign.schemas.errors import ConfigError, EnvironmentFaultError, InputError, QuarantineReason
 from modalign.schemas.files import stat_version
 from modalign.schemas.tables import LineageColumns, QuarantineRow, SourceLineageRow
 
@@ -95,6 +95,7 @@ class Runner:
                               "are never outputs: set key_store (or $MODALIGN_KEY_STORE) to a folder outside it")
         self.run_id = uuid.uuid4().hex
         self._lock = threading.Lock()
+        self._stop = threading.Event()  # set when the run must stop (an environment fault)
         self.counts: Counter = Counter()
 
     # -- Ray ---------------------------------------------------------------------------
@@ -109,9 +110,8 @@ class Runner:
         if rt.address:
             ray.init(address=rt.address, log_to_driver=False)
         else:
-            temp = ray_temp_dir(rt.ray_temp_dir)
             ray.init(num_cpus=rt.num_cpus or os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False, _temp_dir=str(temp) if temp else None)
+                     configure_logging=False, _temp_dir=str(ray_temp_dir(rt.ray_temp_dir)))
         return int(ray.cluster_resources().get("CPU", 1))
 
     # -- the run -----------------------------------------------------------------------
@@ -123,7 +123,7 @@ class Runner:
 
         started = time.time()
         sessions = discover(Path(input_path), tuple(self.config.ingest.allowed_roots))  # ConfigError before work
-        self.out.mkdir(parents=True, exist_ok=True)
+        check_writable(self.out, self.config.runtime.min_free_mb * 2**20)  # EnvironmentFaultError before work
         self.key_store.mkdir(parents=True, exist_ok=True, mode=0o700)
         cpus = self._init_ray()
         n_ingest = self.config.runtime.ingest_actors or max(1, cpus - 1)
@@ -153,19 +153,23 @@ class Runner:
             with ThreadPoolExecutor(max_workers=n_ingest) as pool:
                 futures = [pool.submit(self._ingest_one, st, job, ingest_actors[i % n_ingest], embedder)
                            for i, (st, job) in enumerate(jobs)]
-                for f in futures:
-                    f.result()
+                try:
+                    for f in futures:
+                        f.result()
+                except BaseException:
+                    self._stop.set()  # the other streams stop at their next item
+                    raise
 
             align = {}
             for st in states:
                 sid = st.session.manifest.session_id
-                align[sid] = ray.get(st.aligner.finish.remote())
+                align[sid] = self._get(st.aligner.finish.remote(), f"the aligner of session {sid}")
                 for k in ("ticks", "gaps", "ctal_rows", "drift_alarms"):
                     self.counts[k] += align[sid][k]
                 self._write_session_tables(st)
                 self.progress(f"align {sid}: {align[sid]['ticks']} ticks, {align[sid]['gaps']} gaps, "
                               f"{align[sid]['drift_alarms']} drift alarm(s)")
-            cache_stats = ray.get(embedder.flush.remote())
+            cache_stats = self._get(embedder.flush.remote(), "the embed actor")
         finally:  # a failed run must not leave actors (and their models) behind
             for a in actors:
                 ray.kill(a)
@@ -214,9 +218,13 @@ class Runner:
 
         stream_state = _SourceStream(job, started=time.perf_counter())
         limit = self.config.runtime.max_in_flight
+        if self._stop.is_set():
+            return
         try:
             stream = actor.ingest.options(num_returns="streaming").remote(job)
             for ref in stream:
+                if self._stop.is_set():
+                    return
                 item = ray.get(ref)
                 if isinstance(item, EmbedItem):  # the next stream item is its table: forward that ref unread
                     item = EmbedItem(item.modality, item.rows, next(stream))
@@ -233,7 +241,7 @@ class Runner:
                 message=f"ingest worker failed ({type(exc).__name__}); re-run to retry")), embedder)
         if stream_state.lineage is not None:  # no more events from this source: its ticks can be decided
             stream_state.pending.append(st.aligner.finish_source.remote(job.spec.id))
-        self._collect(ray.get(stream_state.pending))
+        self._collect(stream_state.pending)
         done = stream_state.done
         if done is None:  # the worker died before its last item
             lineage = stream_state.lineage or LineageColumns(
@@ -277,6 +285,8 @@ class Runner:
                 self.progress(f"quarantine {row.source_uri}: [{row.reason_code}] {row.message}")
                 with self._lock:
                     st.quarantine.append(row)
+            case FaultItem(message=message):
+                raise EnvironmentFaultError(message)
             case DoneItem():
                 src.done = item
 
@@ -296,12 +306,24 @@ class Runner:
             return None
         return path, ref.clock
 
+    @staticmethod
+    def _get(refs: Any, what: str) -> Any:
+        """``ray.get``, with the death of an actor that holds run state reported as what it is."""
+        import ray
+
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayActorError as exc:
+            raise EnvironmentFaultError(f"{what} died ({type(exc).__name__}): the run cannot finish honestly; "
+                                        "check the machine's memory and the Ray logs, then re-run") from None
+
     def _collect(self, results: list) -> None:
         import ray
 
         refs = [r for r in results if isinstance(r, ray.ObjectRef)]
-        if refs:
-            results = [r for r in results if not isinstance(r, ray.ObjectRef)] + ray.get(refs)
+        if refs:  # aligner and embedder calls: their actors hold the run's state
+            results = [r for r in results if not isinstance(r, ray.ObjectRef)] + self._get(
+                refs, "an aligner or the embed actor")
         for r in results:
             if isinstance(r, dict) and "granularities" in r:
                 with self._lock:

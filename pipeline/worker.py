@@ -21,11 +21,11 @@ import pyarrow as pa
 
 from modalign.operators.ingest.base import SourceContext
 from modalign.operators.modalities import DeidContext, ModalityPlan, plan_for
-from modalign.pipeline.items import (ClockItem, DoneItem, EmbedItem, Item, MetaItem, QuarantineItem, SourceItem,
-                                     SourceJob)
-from modalign.pipeline.layout import OutputLayout, remove_source_outputs, with_lineage, write_table
+from modalign.pipeline.items import (ClockItem, DoneItem, EmbedItem, FaultItem, Item, MetaItem, QuarantineItem,
+                                     SourceItem, SourceJob)
+from modalign.pipeline.layout import OutputLayout, remove_source_outputs, with_lineage, write_fault, write_table
 from modalign.schemas.config import RunConfig
-from modalign.schemas.errors import ComplianceError, InputError, QuarantineReason
+from modalign.schemas.errors import ComplianceError, EnvironmentFaultError, InputError, QuarantineReason
 from modalign.schemas.files import SeekableHashingReader, sha256_file
 from modalign.schemas.manifest import ClockMapping
 from modalign.schemas.tables import DeidHeader, LineageColumns, QuarantineRow, SourceLineageRow
@@ -124,6 +124,15 @@ class IngestWorker:
             remove_source_outputs(self.layout, plan.event_row, job.session_id, job.spec.id)
             events, status, deid, counts = yield from self._batches(job, plan, ops, ctx, lineage)
             sha256 = self._content_hash(job, reader)
+        except EnvironmentFaultError as exc:
+            yield FaultItem(exc.message)
+            return
+        except OSError as exc:  # removing the source's earlier parts failed: OUT is read-only or failing
+            fault = write_fault(exc, self.layout.root)
+            if fault is None:
+                raise
+            yield FaultItem(fault.message)
+            return
         finally:
             if reader is not None:
                 reader.close()
@@ -153,12 +162,21 @@ class IngestWorker:
                     continue
                 self._count(plan, clean, deid, counts)
                 stored = with_lineage(plan.to_events(clean, self.config), columns, plan.event_row.schema())
-                write_table(self.layout.events(plan.event_row, job.session_id, job.spec.id, part), stored)
+                path = self.layout.events(plan.event_row, job.session_id, job.spec.id, part)
+                try:
+                    write_table(path, stored)
+                except OSError as exc:  # OUT is read-only or full: the machine's fault, not the input's
+                    fault = write_fault(exc, path)
+                    if fault is None:
+                        raise
+                    raise fault from None
                 part += 1
                 events += clean.num_rows
                 yield MetaItem(clean.select(list(plan.meta_columns)))
                 payload = self._embed_payload(plan, clean, sampler)
                 yield EmbedItem(plan.name, payload.num_rows, payload)
+        except EnvironmentFaultError:
+            raise
         except (InputError, ComplianceError) as exc:
             status = "partial" if events else "quarantined"
             yield QuarantineItem(quarantine_row(job, job.version, exc))

@@ -154,6 +154,7 @@ class RuntimeConfig(_Strict):
     ray_temp_dir: Path | None = Field(
         None, description="local Ray only: session, log and spill folder (default: Ray's, or $RAY_TMPDIR)"
     )
+    min_free_mb: int = Field(256, ge=0, le=2**30, description="free space OUT needs before a run starts (MiB)")
 
 
 class RunConfig(_Strict):

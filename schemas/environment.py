@@ -3,7 +3,7 @@
 | variable | meaning | overridden by |
 | --- | --- | --- |
 | ``MODALIGN_KEY_STORE`` | pseudonym key vault folder (default ``~/.modalign/keys``) | ``key_store`` in the run config |
-| ``RAY_TMPDIR`` | local Ray's session, log and spill folder | ``runtime.ray_temp_dir`` |
+| ``RAY_TMPDIR`` | local Ray's session, log and spill folder (default ``<tmp>/modalign-ray-<uid>``, mode 0700) | ``runtime.ray_temp_dir`` |
 
 Paths from either source get ``~`` expanded the same way, so a guard that checks a path
 and the code that writes to it always mean the same folder.
@@ -31,6 +31,14 @@ def key_store_dir(configured: Path | str | None = None) -> Path:
     return path
 
 
-def ray_temp_dir(configured: Path | str | None = None) -> Path | None:
-    """Local Ray's temp folder: the configured one, else ``$RAY_TMPDIR``, else None (Ray's own)."""
-    return _path(configured, RAY_TMPDIR_VAR)
+def ray_temp_dir(configured: Path | str | None = None) -> Path:
+    """Local Ray's temp folder: the configured one, else ``$RAY_TMPDIR``, else a folder of this
+    user's (``<tmp>/modalign-ray-<uid>``), created private (0700) so that no other user of the
+    machine can read its session, logs, sockets or spilled objects (Ray's ``/tmp/ray`` is shared)."""
+    import tempfile
+
+    path = _path(configured, RAY_TMPDIR_VAR) or Path(tempfile.gettempdir()) / f"modalign-ray-{os.getuid()}"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_uid == os.getuid():
+        path.chmod(0o700)  # mkdir's mode is masked, and an older folder keeps its mode
+    return path

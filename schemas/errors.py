@@ -12,7 +12,9 @@ retry can help (``retryable``)::
     │   ├── LimitExceededError       over a configured limit (pixels, pages, duration, size)
     │   └── InputTimeoutError        one unit (page render, OCR, decode) ran out of time
     ├── ComplianceError          de-identification could not be guaranteed: withhold, never write raw
-    └── DependencyMissingError   a Python or Debian package is absent: says what to install
+    ├── DependencyMissingError   a Python or Debian package is absent: says what to install
+    └── EnvironmentFaultError    the machine failed, not the input (read-only or full OUT, a dead
+                                 aligner): stop the run with one message, never quarantine inputs
 
 Messages say what failed, for which source and time, and what to do next. They never
 contain personal data: a message names a source URI and a time range, not its content.
@@ -165,3 +167,13 @@ class DependencyMissingError(ModalignError):
             hints.append(f"apt-get install {apt}")
         hint = f"; install it with: {' or '.join(hints)} (or run `make setup`)" if hints else ""
         super().__init__(f"{what} is not available{hint}")
+
+
+class EnvironmentFaultError(ModalignError):
+    """The environment failed (OUT read-only or full, an actor that holds run state died).
+
+    Not the input's fault: the run stops with this one message (exit 1) and no source is
+    quarantined for it; re-run once the cause is fixed."""
+
+    code = "environment_fault"
+    retryable = True

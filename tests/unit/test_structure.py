@@ -137,3 +137,21 @@ def test_the_installed_packages_are_the_tree():
     found = {"modalign"} | {"modalign." + ".".join(p.parent.relative_to(ROOT).parts)
                             for top in ("pipeline", "operators", "schemas") for p in (ROOT / top).rglob("__init__.py")}
     assert listed == found
+
+
+def test_local_ray_gets_a_private_temp_folder(tmp_path, monkeypatch):
+    import stat
+
+    from modalign.schemas.environment import ray_temp_dir
+
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    d = ray_temp_dir()
+    assert d.parent == tmp_path and stat.S_IMODE(d.stat().st_mode) == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    assert ray_temp_dir(shared) == shared and stat.S_IMODE(shared.stat().st_mode) == 0o700
