@@ -38,11 +38,9 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from modalign.pipeline.runner import Runner
-    from modalign.schemas.config import RunConfig
-    from modalign.schemas.load import load_model
+    from modalign.pipeline.runner import Runner, resolve_config
 
-    config = load_model(RunConfig, Path(args.config)) if args.config else RunConfig()
+    config = resolve_config(args.config)
     if args.address:
         config = config.model_copy(update={"runtime": config.runtime.model_copy(update={"address": args.address})})
     summary = Runner(config, Path(args.out), progress=_progress).run(Path(args.input))
@@ -85,10 +83,9 @@ def cmd_deid_eval(args: argparse.Namespace) -> int:
     import tempfile
 
     from modalign.pipeline.deid_eval import render, run_eval, to_json
-    from modalign.schemas.config import RunConfig
-    from modalign.schemas.load import load_model
+    from modalign.pipeline.runner import resolve_config
 
-    config = load_model(RunConfig, Path(args.config)) if args.config else RunConfig()
+    config = resolve_config(args.config)
     with tempfile.TemporaryDirectory(prefix="modalign-deid-eval-") as tmp:
         report = run_eval(Path(args.work_dir) if args.work_dir else Path(tmp), quick=args.quick, policy=config.policy)
     print(json.dumps(to_json(report), indent=2) if args.json else render(report))

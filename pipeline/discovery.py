@@ -70,15 +70,19 @@ class Session:
     def source_uri(self, spec: SourceSpec) -> str:
         return self.resolve(spec).as_uri()
 
-    def refusals(self) -> list[tuple[SourceSpec, InputError]]:
-        """Sources that may not be read (outside the roots, or not a local path)."""
-        out = []
+    def locate_all(self) -> tuple[dict[str, Path], list[tuple[SourceSpec, InputError]]]:
+        """Every source resolved once: (source id -> path, sources that may not be read)."""
+        paths, refused = {}, []
         for spec in self.manifest.sources:
             try:
-                self.resolve(spec)
+                paths[spec.id] = self.resolve(spec)
             except InputError as exc:
-                out.append((spec, exc))
-        return out
+                refused.append((spec, exc))
+        return paths, refused
+
+    def refusals(self) -> list[tuple[SourceSpec, InputError]]:
+        """Sources that may not be read (outside the roots, or not a local path)."""
+        return self.locate_all()[1]
 
 
 def _manifest_data(path: Path) -> dict | None:
@@ -146,8 +150,7 @@ def discover(input_path: Path, allowed_roots: tuple[Path, ...] = ()) -> list[Ses
         if data is not None:  # parsed once, validated once
             s = Session(validate_mapping(Manifest, data, p), p.parent, p, roots)
             sessions.append(s)
-            refused = {spec.id for spec, _ in s.refusals()}
-            claimed.update(s.resolve(spec) for spec in s.manifest.sources if spec.id not in refused)
+            claimed.update(s.locate_all()[0].values())
     for p in sorted(input_path.rglob("*")):
         if p.is_file() and p.suffix.lower() in MEDIA_SUFFIXES and p.resolve() not in claimed:
             sessions.append(single_source_session(p, roots))

@@ -27,7 +27,7 @@ from modalign.pipeline.discovery import Session, discover
 from modalign.pipeline.items import (ClockItem, DoneItem, EmbedItem, FaultItem, Item, MetaItem, QuarantineItem,
                                      SourceItem, SourceJob)
 from modalign.pipeline.layout import OutputLayout, check_writable, write_json, write_table
-from modalign.pipeline.worker import lineage_row
+from modalign.pipeline.worker import lineage_row, source_lineage
 from modalign.schemas.arrow import rows_to_table
 from modalign.schemas.config import RunConfig
 from modalign.schemas.environment import key_store_dir, ray_temp_dir
@@ -244,9 +244,7 @@ class Runner:
         self._collect(stream_state.pending)
         done = stream_state.done
         if done is None:  # the worker died before its last item
-            lineage = stream_state.lineage or LineageColumns(
-                session_id=job.session_id, source_id=job.spec.id, source_uri=job.uri, source_version=job.version,
-                operators="", policy=self.config.policy.tag)
+            lineage = stream_state.lineage or source_lineage(job, self.config.policy.tag)
             clock = stream_state.clock.mapping if stream_state.clock else job.spec.clock
             done = DoneItem(lineage_row(job, lineage, clock, status="quarantined", events=stream_state.events))
         with self._lock:

@@ -57,6 +57,12 @@ def quarantine_row(job: SourceJob, version: str | None, exc: InputError | Compli
         start_t_ns=getattr(exc, "start_t_ns", None), end_t_ns=getattr(exc, "end_t_ns", None))
 
 
+def source_lineage(job: SourceJob, policy: str, operators: str = "") -> LineageColumns:
+    """The lineage columns every row of ``job``'s source carries."""
+    return LineageColumns(session_id=job.session_id, source_id=job.spec.id, source_uri=job.uri,
+                          source_version=job.version, operators=operators, policy=policy)
+
+
 def lineage_row(job: SourceJob, lineage: LineageColumns, clock: ClockMapping, *, status: str, events: int = 0,
                 deid: list[DeidHeader] | None = None, sha256: str | None = None) -> SourceLineageRow:
     """The ``lineage/sources`` row of one source: what it is, how it was timed, what was removed."""
@@ -92,9 +98,7 @@ class IngestWorker:
         plan = plan_for(job.spec.modality)
         ops = self.chain(plan.name, job.tenant)
         clock = job.spec.clock
-        lineage = LineageColumns(session_id=job.session_id, source_id=job.spec.id, source_uri=job.uri,
-                                 source_version=job.version, operators=";".join(op.tag for op in ops),
-                                 policy=self.config.policy.tag)
+        lineage = source_lineage(job, self.config.policy.tag, ";".join(op.tag for op in ops))
         if job.spec.track_of is not None and not self._has_track(job):
             yield DoneItem(lineage_row(job, lineage, clock, status="no_stream"))
             return

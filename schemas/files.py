@@ -1,8 +1,8 @@
 """File helpers every layer shares: one content hash and one atomic write.
 
 ``sha256_file`` is the hash behind source content hashes in lineage and model digests;
-``HashingReader`` (forward-only) and ``SeekableHashingReader`` (for a decoder that seeks)
-compute the same hash of the bytes a decoder reads through them, so a source is read once. ``atomic_write`` is how anything we write lands: a temporary file in
+``SeekableHashingReader`` computes the same hash of the bytes a decoder (which may seek)
+reads through it, so a source is read once. ``atomic_write`` is how anything we write lands: a temporary file in
 the same folder, fsynced, then renamed over the target, so a reader never sees half a file
 and a crash leaves the old one.
 """
@@ -14,7 +14,6 @@ import os
 import secrets
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
 
 CHUNK_BYTES = 1 << 20
 
@@ -34,58 +33,6 @@ def stat_version(path: Path | str) -> str:
     file is read (``SeekableHashingReader``) and recorded beside it."""
     st = os.stat(path)
     return f"local:{st.st_size}:{st.st_mtime_ns}"
-
-
-class HashingReader:
-    """A read-only, forward-only file-like wrapper: ``hexdigest()`` is the sha256 of every
-    byte read through it so far (equal to ``sha256_file`` once the stream is read to its end).
-
-    It does not seek (``seekable()`` is False), so the hash covers each byte exactly once."""
-
-    def __init__(self, raw: BinaryIO) -> None:
-        self._raw = raw
-        self._h = hashlib.sha256()
-        self.bytes_read = 0
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._raw.read(size)
-        self._h.update(data)
-        self.bytes_read += len(data)
-        return data
-
-    def readinto(self, buffer: bytearray | memoryview) -> int:
-        n = self._raw.readinto(buffer)
-        if n:
-            view = memoryview(buffer).cast("B")
-            self._h.update(view[:n])
-            self.bytes_read += n
-        return n or 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
-
-    def writable(self) -> bool:
-        return False
-
-    def hexdigest(self) -> str:
-        """sha256 hex of the bytes read so far."""
-        return self._h.hexdigest()
-
-    def close(self) -> None:
-        self._raw.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._raw.closed
-
-    def __enter__(self) -> HashingReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def atomic_write(path: Path | str, write_fn: Callable[[Path], object]) -> Path:

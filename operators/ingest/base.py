@@ -17,7 +17,6 @@ import pyarrow as pa
 
 from modalign.operators.align.clock import SessionClock
 from modalign.operators.base import C, Operator
-from modalign.schemas.files import sha256_file
 from modalign.schemas.manifest import SourceSpec
 
 
@@ -38,11 +37,6 @@ class SourceContext:
     @property
     def clock(self) -> SessionClock:
         return SessionClock.from_mapping(self.spec.clock)
-
-
-def file_version(path: Path) -> str:
-    """``sha256:<hex>`` of a file's bytes (the content hash recorded in lineage)."""
-    return "sha256:" + sha256_file(path)
 
 
 def event_id(session_id: str, source_id: str, kind: str, index: int) -> str:

@@ -37,7 +37,6 @@ def folder(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def run(ray_local, folder, tmp_path_factory):
     """(out, summary) of one run; the driver's file hashes are booby-trapped: only workers read sources."""
-    import modalign.operators.ingest.base as base
     import modalign.pipeline.worker as worker
     import modalign.schemas.files as files
 
@@ -48,7 +47,7 @@ def run(ray_local, folder, tmp_path_factory):
         pytest.fail("the driver read a source to hash it")
 
     with pytest.MonkeyPatch.context() as mp:
-        for mod, name in [(base, "file_version"), (files, "sha256_file"), (files, "SeekableHashingReader"),
+        for mod, name in [(files, "sha256_file"), (files, "SeekableHashingReader"),
                           (worker, "sha256_file"), (worker, "SeekableHashingReader")]:
             mp.setattr(mod, name, trap)
         summary = Runner(RunConfig(key_store=tmp / "keys"), out, progress=lambda _m: None).run(folder)
