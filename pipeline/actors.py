@@ -30,8 +30,9 @@ def _single_threaded() -> None:
 class IngestActor:
     """Decodes and de-identifies sources; yields metadata and de-identified payload refs.
 
-    Generator tasks are not retried (a retry would re-yield items already forwarded);
-    event files have deterministic names, so a re-run replaces rather than duplicates.
+    Generator tasks are not retried by Ray (a retry would re-yield items already forwarded):
+    the driver retries a source whose stream failed before its first item, and commits only
+    the event files it was told of.
     """
 
     def __init__(self, config_json: str, out_root: str, key_store_dir: str) -> None:
@@ -39,6 +40,10 @@ class IngestActor:
 
         _single_threaded()
         self.worker = IngestWorker(RunConfig.model_validate_json(config_json), Path(out_root), Path(key_store_dir))
+
+    def ping(self) -> bool:
+        """Answers once the actor is up (after a restart too)."""
+        return True
 
     def ingest(self, job: Any):
         from dataclasses import replace
@@ -64,7 +69,8 @@ class AlignerActor:
     is checkpointed.
     """
 
-    def __init__(self, session_id: str, config_json: str, out_root: str, expected_sources: list[str]) -> None:
+    def __init__(self, session_id: str, config_json: str, out_root: str, attempt: str,
+                 expected_sources: list[str]) -> None:
         from modalign.operators.align.aligner import TickAligner
         from modalign.pipeline.layout import OutputLayout
 
@@ -72,6 +78,7 @@ class AlignerActor:
         self.aligner = TickAligner(session_id, self.cfg.align, expected_sources=expected_sources)
         self.layout = OutputLayout(Path(out_root))
         self.session_id = session_id
+        self.attempt = attempt
 
     def register(self, source_id: str, modality: str, lineage: dict, clock: Any) -> None:
         self.aligner.register(source_id, modality, lineage, clock)
@@ -82,22 +89,26 @@ class AlignerActor:
     def observe_offsets(self, source_id: str, windows: list) -> int:
         return self.aligner.observe_offsets(source_id, windows)
 
-    def finish_source(self, source_id: str) -> None:
+    def finish_source(self, source_id: str, cut_short_at_ns: int | None = None) -> None:
+        if cut_short_at_ns is not None:
+            self.aligner.expect_until(source_id, cut_short_at_ns)
         self.aligner.finish_source(source_id)
 
     def finish(self) -> dict:
+        """Decide the rest of the session and write its tables; returns counts and the files written."""
         from modalign.pipeline.layout import write_jsonl, write_table
 
         res = self.aligner.finish()
-        sid = self.session_id
-        write_table(self.layout.records(sid), res.records)
-        write_table(self.layout.ctal(sid), res.ctal)
-        write_jsonl(self.layout.ctal_jsonl(sid), res.ctal.to_pylist())
-        write_table(self.layout.ctal_summary(sid), res.summary)
-        write_table(self.layout.drift_alarms(sid), res.alarms)
+        sid, lay, a = self.session_id, self.layout, self.attempt
+        written = [write_table(lay.records(sid, a), res.records), write_table(lay.ctal(sid, a), res.ctal),
+                   write_table(lay.ctal_summary(sid, a), res.summary),
+                   write_table(lay.drift_alarms(sid, a), res.alarms)]
+        if res.ctal.num_rows:
+            written.append(write_jsonl(lay.ctal_jsonl(sid, a), res.ctal.to_pylist()))
         return dict(
             ticks=res.ticks, ctal_rows=res.ctal.num_rows, drift_alarms=res.alarms.num_rows,
             gaps=int(sum(r["gaps"] for r in res.summary.to_pylist())), summary=res.summary.to_pylist(),
+            files=[lay.relative(p) for p in written if p.is_file()],
         )
 
 
@@ -105,11 +116,11 @@ class AlignerActor:
 class EmbedActor:
     """Embeds de-identified payload batches into the feature cache and feature files."""
 
-    def __init__(self, config_json: str, out_root: str) -> None:
+    def __init__(self, config_json: str, out_root: str, attempt: str) -> None:
         from modalign.pipeline.embedding import Embedder
 
         _single_threaded()
-        self.embedder = Embedder(RunConfig.model_validate_json(config_json), Path(out_root))
+        self.embedder = Embedder(RunConfig.model_validate_json(config_json), Path(out_root), attempt)
 
     def embed(self, modality: str, table: pa.Table, lineage: dict, part: int) -> dict:
         return self.embedder.embed(modality, table, lineage, part)

@@ -1,9 +1,10 @@
 """``modalign cache stats|gc OUT``: what the feature cache of an output folder holds, and pruning it.
 
-Works on ``OUT/cache`` (``modalign.operators.cache.store.FeatureCache`` segments) and the feature
-files that reference it (``OUT/features/MODEL/GRANULARITY/*.parquet``, column
-``cache_key``). Run it between runs, not during one: a run's embed actors flush new
-segments at its end.
+Works on ``OUT/cache`` (``modalign.operators.cache.store.FeatureCache`` segments) and the
+committed feature files that reference it (column ``cache_key``; ``modalign.open``).
+``gc`` rewrites segments, so it takes the output folder's lease like a run does: it fails
+with ``OutputLockedError`` while a run writes the folder (whose embed actors flush new
+segments at its end).
 
 What "referenced" means (what ``gc`` keeps):
 - every ``cache_key`` of a feature row: frame and roi rows name their own entry, patch
@@ -16,32 +17,37 @@ Everything else (entries of deleted outputs, of an old model, of erased subjects
 rows are gone) is dropped.
 
 Hit and miss counts are per run, not stored in the cache: ``stats`` reports the last
-run's from ``OUT/run.json`` (``counts.cache``).
+run's from the committed run summary (``counts.cache``).
 """
 
 from __future__ import annotations
 
-import json
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from modalign.schemas.errors import ConfigError
 from modalign.pipeline.layout import OutputLayout
+from modalign.pipeline.outputs import Output
+from modalign.schemas.errors import ConfigError
 
 GRANULARITIES = ("frame", "roi", "patch")
 
 
-def referenced_keys(out: Path) -> set[str]:
-    """Every ``cache_key`` in ``OUT/features/**.parquet``."""
-    import pyarrow.parquet as pq
+def _committed(out: Path) -> Output | None:
+    """The folder's committed state (None: nothing committed yet)."""
+    try:
+        return Output(out)
+    except ConfigError:
+        return None
 
-    root = Path(out) / "features"
-    keys: set[str] = set()
-    if root.is_dir():
-        for f in sorted(root.rglob("*.parquet")):
-            keys.update(pq.read_table(f, columns=["cache_key"]).column("cache_key").to_pylist())
-    return keys
+
+def referenced_keys(out: Path) -> set[str]:
+    """Every ``cache_key`` of the committed feature rows."""
+    output = _committed(out)
+    if output is None:
+        return set()
+    return set(output.table("features").to_table(columns=["cache_key"]).column("cache_key").to_pylist())
 
 
 def _cache(out: Path) -> Any:
@@ -82,7 +88,7 @@ def cache_stats(out: Path) -> dict:
         "referenced": 0,
         "unreferenced": 0,
         "unreferenced_by_granularity": {g: 0 for g in GRANULARITIES},
-        "last_run": _last_run(layout),
+        "last_run": _last_run(out),
     }
     if cache is None:
         return result
@@ -107,11 +113,11 @@ def cache_stats(out: Path) -> dict:
     return result
 
 
-def _last_run(layout: OutputLayout) -> dict | None:
-    try:
-        summary = json.loads(layout.run_json.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+def _last_run(out: Path) -> dict | None:
+    output = _committed(out)
+    if output is None:
         return None
+    summary = output.run
     cache = summary.get("counts", {}).get("cache")
     if not cache:
         return None
@@ -124,8 +130,16 @@ def cache_gc(out: Path, *, dry_run: bool = False) -> dict:
     Refuses (``ConfigError``) when ``OUT`` has no feature files but a non-empty cache: that
     is far more likely a wrong path or an interrupted run than a wish to empty the cache.
     """
+    from modalign.pipeline.lease import Lease
+    from modalign.pipeline.store import LocalStore
+
     out = Path(out)
     cache = _cache(out)
+    with Lease(LocalStore(out), uuid.uuid4().hex):  # OutputLockedError while a run writes OUT
+        return _gc(out, cache, dry_run)
+
+
+def _gc(out: Path, cache: Any, dry_run: bool) -> dict:
     layout = OutputLayout(out)
     seg_before, bytes_before = _disk(layout.cache_dir)
     result: dict[str, Any] = {"dry_run": dry_run, "removed": 0, "kept": 0,
@@ -137,7 +151,7 @@ def cache_gc(out: Path, *, dry_run: bool = False) -> dict:
     cat = cache.catalog()
     referenced = referenced_keys(out)
     if not referenced and cat.num_rows:
-        raise ConfigError(f"no feature files under {out / 'features'}: gc would empty the whole cache; "
+        raise ConfigError(f"no committed feature files in {out}: gc would empty the whole cache; "
                           "check the output folder (or delete OUT/cache by hand)")
     kept = _kept(cat, referenced)
     for k, g in zip(cat.column("cache_key").to_pylist(), cat.column("granularity").to_pylist()):
@@ -185,5 +199,5 @@ def render_stats(stats: dict) -> str:
         lines.append(f"  last run {str(run.get('run_id') or '')[:8]}: hit rate "
                      f"{'n/a' if rate is None else f'{rate:.1%}'} (hits/lookups: {per or 'none'})")
     else:
-        lines.append("  last run: no run.json")
+        lines.append("  last run: none committed")
     return "\n".join(lines)

@@ -26,11 +26,12 @@ def with_user_boxes(table: pa.Table, boxes: list[tuple[int, int, int, int]]) -> 
 
 
 class Embedder:
-    def __init__(self, config: RunConfig, out_root: Path) -> None:
+    def __init__(self, config: RunConfig, out_root: Path, attempt: str) -> None:
         from modalign.operators.cache.store import FeatureCache
 
         self.config = config
         self.layout = OutputLayout(Path(out_root))
+        self.attempt = attempt  # in every feature file name (``layout.attempt_of``)
         self.cache = FeatureCache(self.layout.cache_dir)
         self._ops: dict[str, Any] = {}
 
@@ -42,24 +43,28 @@ class Embedder:
         return self._ops[modality]
 
     def embed(self, modality: str, table: pa.Table, lineage: dict, part: int) -> dict:
-        """Embed one payload batch of a source; writes one feature file per granularity."""
+        """Embed one payload batch of a source; writes one feature file per granularity.
+
+        Returns the rows per granularity and the files written (relative to OUT)."""
         if table.num_rows == 0:
-            return {"rows": 0, "model_id": None, "granularities": {}}
+            return {"rows": 0, "model_id": None, "granularities": {}, "files": []}
         op = self._op(modality)
         if modality == "video" and self.config.embed.roi_boxes:
             table = with_user_boxes(table, self.config.embed.roi_boxes)
         feats = op.process(table)
         if feats.num_rows == 0:
-            return {"rows": 0, "model_id": None, "granularities": {}}
+            return {"rows": 0, "model_id": None, "granularities": {}, "files": []}
         model_id = feats.column("model_id")[0].as_py()
         lin = dict(lineage, operators=f"{lineage['operators']};{op.tag}", model_id=model_id)
-        counts = {}
+        counts, files = {}, []
         for gran in sorted(set(feats.column("granularity").to_pylist())):
             sub = feats.filter(pc.equal(feats.column("granularity"), gran))
             out = with_lineage(sub.drop_columns(["model_id"]), lin, FeatureRow.schema())
-            write_table(self.layout.features(model_id, gran, lineage["session_id"], lineage["source_id"], part), out)
+            path = self.layout.features(model_id, gran, lineage["session_id"], lineage["source_id"], self.attempt,
+                                        part)
+            files.append(self.layout.relative(write_table(path, out)))
             counts[gran] = sub.num_rows
-        return {"rows": feats.num_rows, "model_id": model_id, "granularities": counts}
+        return {"rows": feats.num_rows, "model_id": model_id, "granularities": counts, "files": files}
 
     def flush(self) -> dict:
         """Persist new cache entries; returns hit/miss counts per granularity."""

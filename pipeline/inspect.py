@@ -1,56 +1,53 @@
-"""``modalign inspect OUT``: a human summary of an output folder, read with DuckDB."""
+"""``modalign inspect OUT``: a human summary of an output folder's latest commit, read with DuckDB."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from modalign.pipeline.layout import OutputLayout
-from modalign.schemas.errors import ConfigError
+from modalign.pipeline.outputs import Output
 
 
-def _glob(layout: OutputLayout, table: str) -> str | None:
-    """DuckDB glob of every Parquet file of ``table``, or None when it has none."""
-    folder = layout.table_dir(table)
-    return str(folder / "**" / "*.parquet") if folder.is_dir() and any(folder.rglob("*.parquet")) else None
+def _files(output: Output, table: str) -> str | None:
+    """DuckDB list of the committed Parquet files of ``table``, or None when it has none."""
+    files = output.files(table)
+    quoted = ("'" + str(f).replace("'", "''") + "'" for f in files)
+    return "[" + ", ".join(quoted) + "]" if files else None
 
 
 def collect(out: Path) -> dict:
     """Counts, residual stats per source, alarms and quarantine of an output folder."""
     import duckdb
 
-    out = Path(out)
-    if not (out / "run.json").is_file():
-        raise ConfigError(f"{out} is not a modalign output folder (no run.json); run `modalign run ... --out {out}`")
-    run = json.loads((out / "run.json").read_text())
+    output = Output(out)  # ConfigError: not an output folder, or nothing committed
     con = duckdb.connect()
-    layout = OutputLayout(out)
-    info: dict = {"run": run, "residuals": [], "alarms": [], "quarantine": [], "tables": {}}
-    summary = _glob(layout, "ctal_summary")
+    info: dict = {"run": output.run, "version": output.version, "residuals": [], "alarms": [], "quarantine": [],
+                  "tables": {}}
+    summary = _files(output, "ctal_summary")
     if summary:
         info["residuals"] = con.sql(
             f"SELECT session_id, source_id, modality, ticks, matched, gaps, residual_p50_ms, residual_p95_ms, "
-            f"residual_max_ms, offset_ns, offset_method FROM read_parquet('{summary}') ORDER BY 1, 2"
+            f"residual_max_ms, offset_ns, offset_method FROM read_parquet({summary}) ORDER BY 1, 2"
         ).to_arrow_table().to_pylist()
-    alarms = _glob(layout, "drift_alarms")
+    alarms = _files(output, "drift_alarms")
     if alarms:
-        info["alarms"] = con.sql(f"SELECT * FROM read_parquet('{alarms}') ORDER BY session_id, start_tick") \
+        info["alarms"] = con.sql(f"SELECT * FROM read_parquet({alarms}) ORDER BY session_id, start_tick") \
             .to_arrow_table().to_pylist()
-    q = _glob(layout, "quarantine")
+    q = _files(output, "quarantine")
     if q:
         info["quarantine"] = con.sql(
-            f"SELECT session_id, source_uri, stage, reason_code, message FROM read_parquet('{q}') ORDER BY 1, 2"
+            f"SELECT session_id, source_uri, stage, reason_code, message FROM read_parquet({q}) ORDER BY 1, 2"
         ).to_arrow_table().to_pylist()
     for name in ("records", "events_video", "events_audio", "events_pdf", "ctal", "features"):
-        g = _glob(layout, name)
-        info["tables"][name] = con.sql(f"SELECT count(*) FROM read_parquet('{g}')").fetchall()[0][0] if g else 0
+        g = _files(output, name)
+        info["tables"][name] = con.sql(f"SELECT count(*) FROM read_parquet({g})").fetchall()[0][0] if g else 0
     return info
 
 
 def render(info: dict) -> str:
     run, c = info["run"], info["run"]["counts"]
     lines = [
-        f"run {run['run_id'][:8]}  finished {run['finished_at']}  in {run['elapsed_s']} s  policy {run['versions']['policy']}",
+        f"commit {info['version']}: run {run['run_id'][:8]}  finished {run['finished_at']}  in {run['elapsed_s']} s  "
+        f"policy {run['versions']['policy']}",
         f"sessions {c['sessions']}  ticks {c['ticks']}  events video {c['events']['video']} / audio "
         f"{c['events']['audio']} / pdf {c['events']['pdf']}",
         f"de-identified: {c['faces_blurred']} face boxes blurred, {c.get('frame_text_blurred', 0)} text regions "

@@ -45,16 +45,23 @@ class ClockItem:
 
 @dataclass(frozen=True)
 class SourceItem:
-    """The lineage columns every row of this source carries; sent before its events."""
+    """The lineage columns every row of this source carries; sent before its events.
+
+    ``end_ns``: where the recording ends on the session clock, as its container says (None:
+    unknown, or a document). If the source is cut short (its worker dies), the aligner
+    reports the time from its last event to here as gaps."""
 
     lineage: LineageColumns
+    end_ns: int | None = None
 
 
 @dataclass(frozen=True)
 class MetaItem:
-    """Event ids and session times of one batch, for the aligner."""
+    """Event ids and session times of one batch, for the aligner, and the events file that holds
+    the batch (relative to OUT), for the commit."""
 
     table: Any  # pa.Table
+    path: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,23 +1,27 @@
-"""The output folder: where each table lives, and atomic, idempotent writes.
+"""The output folder: where each table lives, and atomic writes under attempt-unique names.
 
-Each table has a folder of its own (the row model's ``PATH``, ``schemas.tables``), so a
-recursive reader (pyarrow.dataset, Ray Data, DuckDB globs) pointed at it reads that table
-and nothing else. Every file name is deterministic (session, source, stage, part), so a
-re-run overwrites instead of duplicating; every write goes to a temporary name in the same
-folder and is renamed into place, so a reader never sees half a file.
+Each table has a folder of its own (the row model's ``PATH``, ``schemas.tables``). Every
+file name carries the writing attempt (``attempt_of(run_id)``), so a run never overwrites a
+file of the committed state: it writes beside it, commits, then removes what the new commit
+no longer lists (``modalign.pipeline.commits``). Every write goes to a temporary name in the
+same folder, fsynced and renamed into place, so a reader never sees half a file. Between
+runs each folder holds exactly the committed files; during one, read through the commit
+(``modalign.open``), not by listing folders.
 
-    OUT/run.json                               counts and versions of the last run
-    OUT/events/{video,audio,pdf}/SESSION/SOURCE-PART.parquet   de-identified events
-    OUT/records/SESSION.parquet                aligned timeline: tick x source
-    OUT/ctal/log/SESSION.parquet               CTAL log (non-clean decisions)
-    OUT/ctal/jsonl/SESSION.jsonl               the same log as JSON lines
-    OUT/ctal/summary/SESSION.parquet           residual stats and offsets per source
-    OUT/ctal/alarms/SESSION.parquet            drift alarms
-    OUT/features/MODEL/GRANULARITY/SESSION/SOURCE-PART.parquet   embeddings
-    OUT/index/MODEL__GRANULARITY.faiss         FAISS index (ids = features.feature_id)
-    OUT/cache/                                 content-addressed feature cache
-    OUT/lineage/sources/SESSION.parquet        per source: version, operators, policy, what was removed
-    OUT/quarantine/SESSION.parquet             rejected inputs and ranges, with reasons
+    OUT/_modalign/commits/v….json                                   the commit log (the truth)
+    OUT/_modalign/lease/out/g….json                                 the writer's lease
+    OUT/run.json                                                    copy of the committed run summary
+    OUT/events/{video,audio,pdf}/SESSION/SOURCE-ATTEMPT-PART.parquet   de-identified events
+    OUT/records/SESSION/ATTEMPT.parquet                             aligned timeline: tick x source
+    OUT/ctal/log/SESSION/ATTEMPT.parquet                            CTAL log (non-clean decisions)
+    OUT/ctal/jsonl/SESSION/ATTEMPT.jsonl                            the same log as JSON lines
+    OUT/ctal/summary/SESSION/ATTEMPT.parquet                        residual stats and offsets per source
+    OUT/ctal/alarms/SESSION/ATTEMPT.parquet                         drift alarms
+    OUT/features/MODEL/GRANULARITY/SESSION/SOURCE-ATTEMPT-PART.parquet   embeddings
+    OUT/index/MODEL__GRANULARITY-ATTEMPT.faiss                      FAISS index (ids = features.feature_id)
+    OUT/cache/                                                      content-addressed feature cache
+    OUT/lineage/sources/SESSION/ATTEMPT.parquet                     per source: version, operators, policy, removals
+    OUT/quarantine/SESSION/ATTEMPT.parquet                          rejected inputs and ranges, with reasons
 """
 
 from __future__ import annotations
@@ -48,6 +52,11 @@ def safe_name(name: str) -> str:
     return _SAFE.sub("_", name)
 
 
+def attempt_of(run_id: str) -> str:
+    """The token of one run in its file names (unique per attempt, short enough to read)."""
+    return run_id[:12]
+
+
 @dataclass(frozen=True)
 class OutputLayout:
     root: Path
@@ -56,63 +65,63 @@ class OutputLayout:
         """The folder of one table (a row model or its ``TABLE`` name)."""
         return self.root / (TABLES[row] if isinstance(row, str) else row).PATH
 
-    def events(self, row: type[_Row], session_id: str, source_id: str, part: int) -> Path:
-        return self.events_dir(row, session_id) / f"{safe_name(source_id)}-{part:05d}.parquet"
+    def relative(self, path: Path) -> str:
+        """``path`` as the commit log names it: relative to OUT, with ``/``."""
+        return Path(path).relative_to(self.root).as_posix()
+
+    def events(self, row: type[_Row], session_id: str, source_id: str, attempt: str, part: int) -> Path:
+        return self.events_dir(row, session_id) / f"{safe_name(source_id)}-{attempt}-{part:05d}.parquet"
 
     def events_dir(self, row: type[_Row], session_id: str) -> Path:
         return self.table_dir(row) / safe_name(session_id)
 
-    def _per_session(self, row: type[_Row], session_id: str, suffix: str = ".parquet") -> Path:
-        return self.table_dir(row) / f"{safe_name(session_id)}{suffix}"
+    def _per_session(self, row: type[_Row], session_id: str, attempt: str) -> Path:
+        return self.table_dir(row) / safe_name(session_id) / f"{attempt}.parquet"
 
-    def records(self, session_id: str) -> Path:
-        return self._per_session(RecordRow, session_id)
+    def records(self, session_id: str, attempt: str) -> Path:
+        return self._per_session(RecordRow, session_id, attempt)
 
-    def ctal(self, session_id: str) -> Path:
-        return self._per_session(CtalRow, session_id)
+    def ctal(self, session_id: str, attempt: str) -> Path:
+        return self._per_session(CtalRow, session_id, attempt)
 
-    def ctal_jsonl(self, session_id: str) -> Path:
-        return self.root / "ctal" / "jsonl" / f"{safe_name(session_id)}.jsonl"
+    def ctal_jsonl(self, session_id: str, attempt: str) -> Path:
+        return self.root / CTAL_JSONL / safe_name(session_id) / f"{attempt}.jsonl"
 
-    def ctal_summary(self, session_id: str) -> Path:
-        return self._per_session(CtalSummaryRow, session_id)
+    def ctal_summary(self, session_id: str, attempt: str) -> Path:
+        return self._per_session(CtalSummaryRow, session_id, attempt)
 
-    def drift_alarms(self, session_id: str) -> Path:
-        return self._per_session(DriftAlarmRow, session_id)
+    def drift_alarms(self, session_id: str, attempt: str) -> Path:
+        return self._per_session(DriftAlarmRow, session_id, attempt)
 
-    def features_dir(self, model_id: str, granularity: str, session_id: str) -> Path:
-        return self.table_dir(FeatureRow) / safe_name(model_id) / granularity / safe_name(session_id)
+    def features(self, model_id: str, granularity: str, session_id: str, source_id: str, attempt: str,
+                 part: int) -> Path:
+        return (self.table_dir(FeatureRow) / safe_name(model_id) / granularity / safe_name(session_id)
+                / f"{safe_name(source_id)}-{attempt}-{part:05d}.parquet")
 
-    def features(self, model_id: str, granularity: str, session_id: str, source_id: str, part: int) -> Path:
-        return self.features_dir(model_id, granularity, session_id) / f"{safe_name(source_id)}-{part:05d}.parquet"
-
-    def source_features(self, session_id: str, source_id: str) -> list[Path]:
-        """Every feature part of one source, of any model and granularity."""
-        root = self.table_dir(FeatureRow)
-        if not root.is_dir():
-            return []
-        return sorted(p for p in root.glob(f"*/*/{safe_name(session_id)}/{safe_name(source_id)}-*.parquet")
-                      if _PART.fullmatch(p.name[len(safe_name(source_id)) + 1:]))
-
-    def index(self, model_id: str, granularity: str) -> Path:
-        return self.root / "index" / f"{safe_name(model_id)}__{granularity}.faiss"
+    def index(self, model_id: str, granularity: str, attempt: str) -> Path:
+        return self.root / INDEX / f"{safe_name(model_id)}__{granularity}-{attempt}.faiss"
 
     @property
     def cache_dir(self) -> Path:
         return self.root / "cache"
 
-    def lineage_sources(self, session_id: str) -> Path:
-        return self._per_session(SourceLineageRow, session_id)
+    def lineage_sources(self, session_id: str, attempt: str) -> Path:
+        return self._per_session(SourceLineageRow, session_id, attempt)
 
-    def quarantine(self, session_id: str) -> Path:
-        return self._per_session(QuarantineRow, session_id)
+    def quarantine(self, session_id: str, attempt: str) -> Path:
+        return self._per_session(QuarantineRow, session_id, attempt)
 
     @property
     def run_json(self) -> Path:
         return self.root / "run.json"
 
+    def data_folders(self) -> list[str]:
+        """Every folder (relative to OUT) that holds committed files: the sweep's reach."""
+        return sorted({row.PATH for row in TABLES.values()} | {CTAL_JSONL, INDEX})
 
-_PART = re.compile(r"[0-9]{5}\.parquet")
+
+CTAL_JSONL = "ctal/jsonl"
+INDEX = "index"
 
 
 WRITE_FAULTS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EIO})
@@ -185,17 +194,3 @@ def with_lineage(table: pa.Table, lineage: dict[str, Any], schema: pa.Schema) ->
         else:
             raise KeyError(f"column {field.name!r} missing for table {schema.metadata.get(b'table', b'?').decode()}")
     return pa.Table.from_arrays(cols, schema=schema)
-
-
-def remove_parts(directory: Path, prefix: str) -> None:
-    """Remove earlier part files of one source before it is written again (idempotent re-runs)."""
-    if directory.is_dir():
-        for p in directory.glob(f"{safe_name(prefix)}-[0-9][0-9][0-9][0-9][0-9].parquet"):
-            p.unlink()
-
-
-def remove_source_outputs(layout: OutputLayout, event_row: type[_Row], session_id: str, source_id: str) -> None:
-    """Remove a source's earlier event and feature parts before it is ingested again."""
-    remove_parts(layout.events_dir(event_row, session_id), source_id)
-    for p in layout.source_features(session_id, source_id):
-        p.unlink()

@@ -1,11 +1,15 @@
 """``modalign run``: the batch job on local Ray or a cluster.
 
-Discovery validates every manifest first (a bad one stops the run before any work).
-Then, per source, an ingest actor streams de-identified items back: metadata goes to the
-session's aligner actor, payload refs to the embed actor (at most ``max_in_flight``
-pending per ingest stream, so memory stays bounded), quarantine and lineage rows to the
-driver. At the end the aligners write the timeline and CTAL log, the FAISS indexes are
-built from the feature files, and ``run.json`` records the counts.
+Discovery validates every manifest first (a bad one stops the run before any work), and
+OUT is checked writable. The run then takes OUT's lease (one writer), and sweeps what a
+crashed earlier attempt left. Per source, an ingest actor streams de-identified items back:
+metadata goes to the session's aligner actor, payload refs to the embed actor (at most
+``max_in_flight`` pending per ingest stream, so memory stays bounded), quarantine and
+lineage rows to the driver. At the end the aligners write the timeline and CTAL log, the
+FAISS indexes are built from the new state's feature files, and the next commit
+(``modalign.pipeline.commits``) lists exactly the files of that state; only then are the
+previous commit's files removed and ``run.json`` (a copy of the summary) rewritten. Every
+file the run writes carries its attempt id, so until the commit nothing a reader uses changes.
 """
 
 from __future__ import annotations
@@ -22,17 +26,23 @@ from os import PathLike
 from pathlib import Path
 from typing import Any, Callable
 
+import pyarrow.compute as pc
+
 from modalign.operators.modalities import PLANS
+from modalign.pipeline.commits import CommitLog, Snapshot, sweep
 from modalign.pipeline.discovery import Session, discover
 from modalign.pipeline.items import (ClockItem, DoneItem, EmbedItem, FaultItem, Item, MetaItem, QuarantineItem,
                                      SourceItem, SourceJob)
-from modalign.pipeline.layout import OutputLayout, check_writable, write_json, write_table
+from modalign.pipeline.layout import OutputLayout, attempt_of, check_writable, write_fault, write_json, write_table
+from modalign.pipeline.lease import Lease
+from modalign.pipeline.store import LocalStore
 from modalign.pipeline.worker import lineage_row, source_lineage
 from modalign.schemas.arrow import rows_to_table
 from modalign.schemas.config import RunConfig
 from modalign.schemas.environment import key_store_dir, ray_temp_dir
-from modalign.schemas.errors import ConfigError, EnvironmentFaultError, InputError, QuarantineReason
-from modalign.schemas.files import stat_version
+from modalign.schemas.errors import (ConfigError, EnvironmentFaultError, InputError, ModalignError,
+                                     QuarantineReason)
+from modalign.schemas.files import fsync_dir, stat_version
 from modalign.schemas.tables import LineageColumns, QuarantineRow, SourceLineageRow
 
 log = logging.getLogger("modalign")
@@ -40,6 +50,7 @@ log = logging.getLogger("modalign")
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_QUARANTINED = 3  # the run completed, some inputs (or ranges) were quarantined
+SOURCE_RETRIES = 2  # a source whose stream failed before its first item (its actor was restarting)
 
 # Packages whose versions run.json records; alternatives are distributions of one module
 # (the GPU image swaps faiss-cpu for faiss-gpu).
@@ -67,6 +78,7 @@ class _SessionState:
     aligner: Any
     quarantine: list[QuarantineRow] = field(default_factory=list)
     lineage: list[SourceLineageRow] = field(default_factory=list)
+    files: set[str] = field(default_factory=set)  # what this run wrote for the session (relative to OUT)
 
 
 @dataclass
@@ -81,6 +93,9 @@ class _SourceStream:
     done: DoneItem | None = None
     clock: ClockItem | None = None
     lineage: LineageColumns | None = None
+    end_ns: int | None = None  # where the recording ends (SourceItem)
+    last_t_ns: int | None = None  # the latest event time received
+    items: int = 0
 
 
 class Runner:
@@ -94,8 +109,10 @@ class Runner:
             raise ConfigError(f"key_store {self.key_store} is inside the output folder {self.out}; pseudonym keys "
                               "are never outputs: set key_store (or $MODALIGN_KEY_STORE) to a folder outside it")
         self.run_id = uuid.uuid4().hex
+        self.attempt = attempt_of(self.run_id)
         self._lock = threading.Lock()
-        self._stop = threading.Event()  # set when the run must stop (an environment fault)
+        self._stop = threading.Event()  # set when the run must stop (an environment fault, a lost lease)
+        self._stopped_by: ModalignError | None = None
         self.counts: Counter = Counter()
 
     # -- Ray ---------------------------------------------------------------------------
@@ -116,15 +133,35 @@ class Runner:
 
     # -- the run -----------------------------------------------------------------------
     def run(self, input_path: Path) -> dict:
+        sessions = discover(Path(input_path), tuple(self.config.ingest.allowed_roots))  # ConfigError before work
+        check_writable(self.out, self.config.runtime.min_free_mb * 2**20)  # EnvironmentFaultError before work
+        self.key_store.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with Lease(LocalStore(self.out), self.run_id, ttl_s=self.config.runtime.lease_ttl_s,
+                   on_lost=self._halt) as lease:  # OutputLockedError: another writer holds OUT
+            if lease.took_over is not None:
+                self.progress(f"took over the lease of OUT from {lease.took_over.holder}, which stopped")
+            commits = CommitLog(lease.store)
+            base = commits.latest()
+            self._recover(base)
+            committed = None
+            try:
+                summary = self._run(sessions)
+                committed = self._commit(lease, commits, base, summary)
+            finally:
+                if committed is None:  # nothing of this attempt is listed anywhere: remove it now
+                    self._sweep(base.files() if base else set(), quietly=True)
+            write_json(self.layout.run_json, summary)
+            self._sweep(committed.files())
+        return summary
+
+    def _run(self, sessions: list[Session]) -> dict:
+        """Ingest, align and embed every session; returns the run summary."""
         import ray
 
         from modalign.operators.embed.device import embed_actor_resources
         from modalign.pipeline.actors import AlignerActor, EmbedActor, IngestActor
 
         started = time.time()
-        sessions = discover(Path(input_path), tuple(self.config.ingest.allowed_roots))  # ConfigError before work
-        check_writable(self.out, self.config.runtime.min_free_mb * 2**20)  # EnvironmentFaultError before work
-        self.key_store.mkdir(parents=True, exist_ok=True, mode=0o700)
         cpus = self._init_ray()
         n_ingest = self.config.runtime.ingest_actors or max(1, cpus - 1)
         cfg_json = self.config.model_dump_json()
@@ -136,17 +173,18 @@ class Runner:
                              for _ in range(n_ingest)]
             actors += ingest_actors
             gpu = embed_actor_resources(self.config.embed.device, ray.cluster_resources().get("GPU", 0))
-            embedder = EmbedActor.options(num_cpus=1 if cpus > 1 else 0, **gpu).remote(cfg_json, str(self.out))
+            embedder = EmbedActor.options(num_cpus=1 if cpus > 1 else 0, **gpu).remote(cfg_json, str(self.out),
+                                                                                        self.attempt)
             actors.append(embedder)
 
-            states: list[_SessionState] = []
+            self.states: list[_SessionState] = []
             jobs: list[tuple[_SessionState, SourceJob]] = []
             for s in sessions:
                 st = _SessionState(s, aligner=None)
-                states.append(st)
+                self.states.append(st)
                 session_jobs = [j for j in (self._job(st, spec) for spec in s.manifest.ingest_sources()) if j]
                 st.aligner = AlignerActor.options(num_cpus=0).remote(
-                    s.manifest.session_id, cfg_json, str(self.out), [j.spec.id for j in session_jobs])
+                    s.manifest.session_id, cfg_json, str(self.out), self.attempt, [j.spec.id for j in session_jobs])
                 actors.append(st.aligner)
                 jobs += [(st, j) for j in session_jobs]
 
@@ -159,11 +197,13 @@ class Runner:
                 except BaseException:
                     self._stop.set()  # the other streams stop at their next item
                     raise
+            self._raise_if_halted()
 
             align = {}
-            for st in states:
+            for st in self.states:
                 sid = st.session.manifest.session_id
                 align[sid] = self._get(st.aligner.finish.remote(), f"the aligner of session {sid}")
+                st.files.update(align[sid]["files"])
                 for k in ("ticks", "gaps", "ctal_rows", "drift_alarms"):
                     self.counts[k] += align[sid][k]
                 self._write_session_tables(st)
@@ -173,10 +213,65 @@ class Runner:
         finally:  # a failed run must not leave actors (and their models) behind
             for a in actors:
                 ray.kill(a)
-        indexes = build_indexes(self.layout)
-        summary = self._summary(sessions, align, cache_stats, indexes, time.time() - started)
-        write_json(self.layout.run_json, summary)
-        return summary
+        self._raise_if_halted()
+        return self._summary(sessions, align, cache_stats, time.time() - started)
+
+    # -- the commit --------------------------------------------------------------------
+    def _commit(self, lease: Lease, commits: CommitLog, base: Snapshot | None, summary: dict) -> Snapshot:
+        """Build the indexes of the new state, make its files durable, and commit it."""
+        sessions = {st.session.manifest.session_id: {"run_id": self.run_id, "files": sorted(st.files)}
+                    for st in self.states}
+        carried = {sid: s for sid, s in (base.sessions.items() if base else ()) if sid not in sessions}
+        features = sorted(f for s in [*sessions.values(), *carried.values()] for f in s["files"]
+                          if f.startswith("features/"))
+        try:
+            indexes = build_indexes(self.layout, features, self.attempt)
+            summary["indexes"] = indexes
+            shared = [ix["path"] for ix in indexes]
+            new_files = [self.out / f for s in sessions.values() for f in s["files"]] + [self.out / f for f in shared]
+            for folder in sorted({p.parent for p in new_files}):
+                fsync_dir(folder)
+            lease.check()  # the fence: a writer that lost its lease must not commit
+            snap = commits.commit(base, run_id=self.run_id, sessions=sessions, shared=shared, summary=summary)
+        except OSError as exc:
+            fault = write_fault(exc, self.out)
+            if fault is None:
+                raise
+            raise fault from None
+        self.progress(f"commit {snap.version} of {self.out}: {len(snap.files())} files, "
+                      f"{len(sessions)} session(s) written, {len(carried)} kept")
+        return snap
+
+    def _recover(self, base: Snapshot | None) -> None:
+        """Remove what crashed attempts left (files no commit lists) and restore run.json."""
+        removed = self._sweep(base.files() if base else set())
+        if removed:
+            self.progress(f"removed {removed} file(s) of an unfinished earlier run (not committed)")
+        if base is not None:
+            write_json(self.layout.run_json, base.summary)
+        else:
+            self.layout.run_json.unlink(missing_ok=True)  # it described files no commit lists
+
+    def _sweep(self, keep: set[str], quietly: bool = False) -> int:
+        try:
+            return sweep(self.out, keep, self.layout.data_folders())
+        except OSError as exc:
+            if quietly:  # already failing (read-only OUT): the next run sweeps
+                log.warning("could not remove uncommitted files of run %s: %s", self.run_id[:8], exc)
+                return 0
+            fault = write_fault(exc, self.out)
+            if fault is None:
+                raise
+            raise fault from None
+
+    def _halt(self, reason: ModalignError) -> None:
+        """Stop the run from another thread (the lease was lost): streams stop at their next item."""
+        self._stopped_by = reason
+        self._stop.set()
+
+    def _raise_if_halted(self) -> None:
+        if self._stopped_by is not None:
+            raise self._stopped_by
 
     def _job(self, st: _SessionState, spec) -> SourceJob | None:
         """The ingest job of one source, or None (and a quarantine row) when its file is unusable."""
@@ -213,46 +308,94 @@ class Runner:
                          reference=self._reference(st, spec), roots=s.roots)
 
     def _ingest_one(self, st: _SessionState, job: SourceJob, actor, embedder) -> None:
-        """Stream one source through an ingest actor, forwarding its items (runs in a driver thread)."""
+        """Stream one source through an ingest actor, forwarding its items (runs in a driver thread).
+
+        If the actor dies, the source it was processing is cut short: its events so far are
+        kept, the rest of its time becomes gaps, and a ``worker_failed`` row says so. A source
+        whose stream failed before its first item was only queued on the dying actor: it is
+        retried once the actor has restarted."""
         import ray
 
-        stream_state = _SourceStream(job, started=time.perf_counter())
-        limit = self.config.runtime.max_in_flight
-        if self._stop.is_set():
+        src = _SourceStream(job, started=time.perf_counter())
+        for attempt in range(SOURCE_RETRIES + 1):
+            if self._stop.is_set():
+                return
+            try:
+                self._stream(st, src, actor, embedder)
+                break
+            except ray.exceptions.RayActorError as exc:
+                if src.items == 0 and attempt < SOURCE_RETRIES and self._restarted(actor):
+                    self.progress(f"retry {job.session_id}/{job.spec.id}: it was queued on an ingest actor that died "
+                                  f"({type(exc).__name__})")
+                    continue
+                self._cut_short(st, src, exc, embedder)
+                break
+            except ray.exceptions.RayError as exc:
+                self._cut_short(st, src, exc, embedder)
+                break
+        if self._stop.is_set():  # the run is stopping: nothing of this source is recorded
             return
-        try:
-            stream = actor.ingest.options(num_returns="streaming").remote(job)
-            for ref in stream:
-                if self._stop.is_set():
-                    return
-                item = ray.get(ref)
-                if isinstance(item, EmbedItem):  # the next stream item is its table: forward that ref unread
-                    item = EmbedItem(item.modality, item.rows, next(stream))
-                self._route(st, stream_state, item, embedder)
-                if len(stream_state.pending) > limit:  # backpressure: at most `limit` downstream calls in flight
-                    done, stream_state.pending = ray.wait(stream_state.pending,
-                                                          num_returns=len(stream_state.pending) - limit)
-                    self._collect(done)
-        except ray.exceptions.RayError as exc:  # the worker died mid-source: quarantine, keep the run going
-            self._route(st, stream_state, QuarantineItem(QuarantineRow(
-                session_id=job.session_id, source_id=job.spec.id, source_uri=job.uri,
-                source_version=job.version,
-                stage=f"ingest/{job.spec.modality}", reason_code=QuarantineReason.WORKER_FAILED,
-                message=f"ingest worker failed ({type(exc).__name__}); re-run to retry")), embedder)
-        if stream_state.lineage is not None:  # no more events from this source: its ticks can be decided
-            stream_state.pending.append(st.aligner.finish_source.remote(job.spec.id))
-        self._collect(stream_state.pending)
-        done = stream_state.done
+        if src.lineage is not None:  # no more events from this source: its ticks can be decided
+            cut = src.end_ns if src.done is None else None
+            src.pending.append(st.aligner.finish_source.remote(job.spec.id, cut))
+        self._collect(st, src.pending)
+        done = src.done
         if done is None:  # the worker died before its last item
-            lineage = stream_state.lineage or source_lineage(job, self.config.policy.tag)
-            clock = stream_state.clock.mapping if stream_state.clock else job.spec.clock
-            done = DoneItem(lineage_row(job, lineage, clock, status="quarantined", events=stream_state.events))
+            lineage = src.lineage or source_lineage(job, self.config.policy.tag)
+            clock = src.clock.mapping if src.clock else job.spec.clock
+            done = DoneItem(lineage_row(job, lineage, clock, status="partial" if src.events else "quarantined",
+                                        events=src.events))
         with self._lock:
             st.lineage.append(done.row)
-            self.counts[f"events_{job.spec.modality}"] += stream_state.events
+            self.counts[f"events_{job.spec.modality}"] += src.events
             self.counts.update(done.counts)
-        self.progress(f"ingest {job.session_id}/{job.spec.id} ({job.spec.modality}): {stream_state.events} events, "
+        self.progress(f"ingest {job.session_id}/{job.spec.id} ({job.spec.modality}): {src.events} events, "
                       f"{done.row.status}")
+
+    @staticmethod
+    def _restarted(actor, timeout_s: float = 300.0) -> bool:
+        """Wait until a dead ingest actor is back (Ray restarts it); False when it stays dead."""
+        import ray
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                ray.get(actor.ping.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                return True
+            except ray.exceptions.ActorUnavailableError:  # still restarting
+                time.sleep(0.5)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                return False
+        return False
+
+    def _stream(self, st: _SessionState, src: _SourceStream, actor, embedder) -> None:
+        import ray
+
+        limit = self.config.runtime.max_in_flight
+        stream = actor.ingest.options(num_returns="streaming").remote(src.job)
+        for ref in stream:
+            if self._stop.is_set():
+                return
+            item = ray.get(ref)
+            src.items += 1
+            if isinstance(item, EmbedItem):  # the next stream item is its table: forward that ref unread
+                item = EmbedItem(item.modality, item.rows, next(stream))
+            self._route(st, src, item, embedder)
+            if len(src.pending) > limit:  # backpressure: at most `limit` downstream calls in flight
+                done, src.pending = ray.wait(src.pending, num_returns=len(src.pending) - limit)
+                self._collect(st, done)
+
+    def _cut_short(self, st: _SessionState, src: _SourceStream, exc: Exception, embedder) -> None:
+        """The worker died mid-source: quarantine the missing range, keep what arrived."""
+        job = src.job
+        start = None if src.last_t_ns is None else src.last_t_ns + 1
+        kept = f"its {src.events} events up to there are kept, " if src.events else ""
+        self._route(st, src, QuarantineItem(QuarantineRow(
+            session_id=job.session_id, source_id=job.spec.id, source_uri=job.uri, source_version=job.version,
+            stage=f"ingest/{job.spec.modality}", reason_code=QuarantineReason.WORKER_FAILED,
+            start_t_ns=start, end_t_ns=src.end_ns if start is not None else None,
+            message=f"ingest worker died while processing this source ({type(exc).__name__}); {kept}"
+                    "the rest is reported as gaps: re-run to retry")), embedder)
 
     def _route(self, st: _SessionState, src: _SourceStream, item: Item, embedder) -> None:
         """Forward one ingest item: metadata to the aligner, payload to the embedder, rows to the driver."""
@@ -264,7 +407,7 @@ class Runner:
                     self.progress(f"clock {job.session_id}/{job.spec.id}: offset {clock.offset_ns / 1e6:+.1f} ms, "
                                   f"skew {clock.skew_ppm:+.1f} ppm (estimated against {clock.estimate_from})")
             case SourceItem(lineage=lineage):
-                src.lineage = lineage
+                src.lineage, src.end_ns = lineage, item.end_ns
                 clock = src.clock.mapping if src.clock else job.spec.clock
                 src.pending.append(st.aligner.register.remote(job.spec.id, job.spec.modality, lineage.model_dump(),
                                                               clock))
@@ -272,6 +415,10 @@ class Runner:
                     src.pending.append(st.aligner.observe_offsets.remote(job.spec.id, src.clock.windows))
             case MetaItem(table=table):
                 src.events += table.num_rows
+                if table.num_rows:
+                    src.last_t_ns = max(src.last_t_ns or 0, pc.max(table.column("t_ns")).as_py())
+                with self._lock:
+                    st.files.add(item.path)
                 latency = (time.perf_counter() - src.started) * 1e3
                 src.pending.append(st.aligner.add.remote(job.spec.id, table, latency))
             case EmbedItem(modality=modality, rows=rows, table=table_ref):
@@ -315,7 +462,7 @@ class Runner:
             raise EnvironmentFaultError(f"{what} died ({type(exc).__name__}): the run cannot finish honestly; "
                                         "check the machine's memory and the Ray logs, then re-run") from None
 
-    def _collect(self, results: list) -> None:
+    def _collect(self, st: _SessionState, results: list) -> None:
         import ray
 
         refs = [r for r in results if isinstance(r, ray.ObjectRef)]
@@ -327,16 +474,24 @@ class Runner:
                 with self._lock:
                     for g, n in r["granularities"].items():
                         self.counts[f"features_{g}"] += n
+                    st.files.update(r["files"])
 
     def _write_session_tables(self, st: _SessionState) -> None:
         sid = st.session.manifest.session_id
-        write_table(self.layout.quarantine(sid),
-                    rows_to_table(QuarantineRow, [r.model_dump(mode="json") for r in st.quarantine]))
-        write_table(self.layout.lineage_sources(sid),
-                    rows_to_table(SourceLineageRow, [r.model_dump(mode="json") for r in st.lineage]))
+        for path, row, rows in ((self.layout.quarantine(sid, self.attempt), QuarantineRow, st.quarantine),
+                                (self.layout.lineage_sources(sid, self.attempt), SourceLineageRow, st.lineage)):
+            try:
+                write_table(path, rows_to_table(row, [r.model_dump(mode="json") for r in rows]))
+            except OSError as exc:
+                fault = write_fault(exc, path)
+                if fault is None:
+                    raise
+                raise fault from None
+            if rows:
+                st.files.add(self.layout.relative(path))
         self.counts["quarantined"] += len(st.quarantine)
 
-    def _summary(self, sessions, align, cache_stats, indexes, elapsed_s: float) -> dict:
+    def _summary(self, sessions, align, cache_stats, elapsed_s: float) -> dict:
         from modalign.operators.base import all_operators
 
         c = self.counts
@@ -359,7 +514,7 @@ class Runner:
                 "quarantined": c["quarantined"],
             },
             "alignment": {sid: a["summary"] for sid, a in align.items()},
-            "indexes": indexes,
+            "indexes": [],  # filled in by the commit, which builds them
             "versions": {
                 "modalign": package_version("modalign"),
                 "python": platform.python_version(),
@@ -372,31 +527,31 @@ class Runner:
         }
 
 
-def build_indexes(layout: OutputLayout) -> list[dict]:
-    """One FAISS index per (model, granularity) from the feature files; ids = feature_id."""
+def build_indexes(layout: OutputLayout, feature_files: list[str], attempt: str) -> list[dict]:
+    """One FAISS index per (model, granularity) of ``feature_files`` (relative to OUT); ids = feature_id."""
     import numpy as np
     import pyarrow.dataset as ds
 
     from modalign.operators.cache.index import FeatureIndex
 
+    groups: dict[tuple[str, str], list[str]] = {}
+    for f in feature_files:  # features/MODEL/GRANULARITY/SESSION/FILE
+        _, model, gran, *_ = f.split("/")
+        groups.setdefault((model, gran), []).append(str(layout.root / f))
     built = []
-    root = layout.root / "features"
-    if not root.is_dir():
-        return built
-    for model_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-        for gran_dir in sorted(p for p in model_dir.iterdir() if p.is_dir()):
-            t = ds.dataset(gran_dir, format="parquet").to_table(columns=["feature_id", "vector", "dim"])
-            if t.num_rows == 0:
-                continue
-            dim = t.column("dim")[0].as_py()
-            vecs = np.asarray(t.column("vector").combine_chunks().flatten().to_numpy(), dtype=np.float32).reshape(-1, dim)
-            index = FeatureIndex(dim)
-            index.add(t.column("feature_id").to_numpy(), vecs)
-            path = layout.root / "index" / f"{model_dir.name}__{gran_dir.name}.faiss"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            index.save(path)
-            built.append({"model_id": model_dir.name, "granularity": gran_dir.name, "vectors": t.num_rows,
-                          "dim": dim, "path": str(path.relative_to(layout.root))})
+    for (model, gran), files in sorted(groups.items()):
+        t = ds.dataset(files, format="parquet").to_table(columns=["feature_id", "vector", "dim"])
+        if t.num_rows == 0:
+            continue
+        dim = t.column("dim")[0].as_py()
+        vecs = np.asarray(t.column("vector").combine_chunks().flatten().to_numpy(), dtype=np.float32).reshape(-1, dim)
+        index = FeatureIndex(dim)
+        index.add(t.column("feature_id").to_numpy(), vecs)
+        path = layout.index(model, gran, attempt)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        index.save(path)
+        built.append({"model_id": model, "granularity": gran, "vectors": t.num_rows, "dim": dim,
+                      "path": layout.relative(path)})
     return built
 
 

@@ -1,9 +1,9 @@
 """``modalign search OUT``: nearest feature rows to an image, a text, or a stored record.
 
-Reads what a run wrote: ``OUT/run.json`` (the embed config, so a query is encoded with
-the same weights and preprocessing as the index), ``OUT/index/MODEL__GRANULARITY.faiss``
-(ids = ``feature_id``) and ``OUT/features/MODEL/GRANULARITY/*.parquet`` (the rows the ids
-map back to). Nothing is written.
+Reads the folder's latest commit (``modalign.open``): the run summary (the embed config,
+so a query is encoded with the same weights and preprocessing as the index), the committed
+FAISS index of the model and granularity (ids = ``feature_id``) and the committed feature
+files (the rows the ids map back to). Nothing is written.
 
 Queries and their default granularity:
 - ``image``: the image encoder (``modalign.operators.embed.registry``, same config as the run) ->
@@ -23,67 +23,59 @@ blocks their (de-identified) text.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from modalign.pipeline.layout import safe_name
+from modalign.pipeline.outputs import Output
 from modalign.schemas.errors import ConfigError, UnreadableInputError
-from modalign.pipeline.layout import OutputLayout, safe_name
 
 GRANULARITIES = ("frame", "roi", "patch")
 ROW_COLUMNS = ["feature_id", "event_id", "session_id", "source_id", "source_uri", "modality", "granularity",
                "model_id", "t_ns", "box"]
 
 
-def _embed_config(layout: OutputLayout) -> Any:
-    """The run's ``EmbedConfig`` (defaults when ``run.json`` is missing)."""
+def _embed_config(output: Output) -> Any:
+    """The run's ``EmbedConfig`` (defaults when the summary has none)."""
     from modalign.schemas.config import EmbedConfig
 
-    try:
-        summary = json.loads(layout.run_json.read_text(encoding="utf-8"))
-    except OSError:
-        return EmbedConfig()
-    except ValueError as e:
-        raise ConfigError(f"{layout.run_json} is not valid JSON; re-run or repair it") from e
-    return EmbedConfig.model_validate(summary.get("config", {}).get("embed", {}))
+    return EmbedConfig.model_validate(output.run.get("config", {}).get("embed", {}))
 
 
-def _feature_dirs(layout: OutputLayout) -> dict[tuple[str, str], Path]:
-    """(model dir name, granularity) -> folder of feature files."""
-    root = layout.root / "features"
-    found = {}
-    if root.is_dir():
-        for model_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-            for gran_dir in sorted(p for p in model_dir.iterdir() if p.is_dir() and any(p.rglob("*.parquet"))):
-                found[(model_dir.name, gran_dir.name)] = gran_dir
+def _feature_files(output: Output) -> dict[tuple[str, str], list[Path]]:
+    """(model dir name, granularity) -> its committed feature files."""
+    found: dict[tuple[str, str], list[Path]] = {}
+    for path in output.files("features"):  # features/MODEL/GRANULARITY/SESSION/FILE
+        model, gran = path.relative_to(output.root).parts[1:3]
+        found.setdefault((model, gran), []).append(path)
     return found
 
 
-def _available(layout: OutputLayout) -> str:
-    pairs = [f"{m} {g}" for m, g in _feature_dirs(layout)]
+def _available(output: Output) -> str:
+    pairs = [f"{m} {g}" for m, g in _feature_files(output)]
     return "; ".join(pairs) if pairs else "none (no feature files: run `modalign run` first)"
 
 
-def _read_rows(folder: Path, columns: list[str], filter_expr: Any = None) -> Any:
+def _read_rows(files: list[Path], columns: list[str], filter_expr: Any = None) -> Any:
     import pyarrow.dataset as ds
 
-    return ds.dataset(folder, format="parquet").to_table(columns=columns, filter=filter_expr)
+    return ds.dataset([str(f) for f in files], format="parquet").to_table(columns=columns, filter=filter_expr)
 
 
-def _load_index(layout: OutputLayout, model_id: str, granularity: str) -> Any:
-    """The saved FAISS index of (model, granularity), or one built from its feature files."""
+def _load_index(output: Output, model_id: str, granularity: str) -> Any:
+    """The committed FAISS index of (model, granularity), or one built from its feature files."""
     from modalign.operators.cache.index import FeatureIndex
 
-    path = layout.index(model_id, granularity)
-    if path.is_file():
+    path = output.index_file(model_id, granularity)
+    if path is not None:
         return FeatureIndex.load(path)
-    folder = _feature_dirs(layout).get((safe_name(model_id), granularity))
-    if folder is None:
-        raise ConfigError(f"no {granularity} features of model {model_id} in {layout.root}; "
-                          f"available: {_available(layout)}")
-    t = _read_rows(folder, ["feature_id", "vector", "dim"])
+    files = _feature_files(output).get((safe_name(model_id), granularity))
+    if not files:
+        raise ConfigError(f"no {granularity} features of model {model_id} in {output.root}; "
+                          f"available: {_available(output)}")
+    t = _read_rows(files, ["feature_id", "vector", "dim"])
     dim = int(t.column("dim")[0].as_py())
     index = FeatureIndex(dim)
     index.add(t.column("feature_id").to_numpy(), _vectors(t, dim))
@@ -109,48 +101,46 @@ def _read_image(path: Path) -> np.ndarray:
                                    source_uri=str(path), stage="search") from e
 
 
-def _image_query(layout: OutputLayout, image: Path) -> tuple[np.ndarray, str]:
+def _image_query(output: Output, image: Path) -> tuple[np.ndarray, str]:
     from modalign.operators.embed.image import ImageEncoder
     from modalign.operators.embed.registry import image_embed_config
 
     pixels = _read_image(image)
-    enc = ImageEncoder(image_embed_config(_embed_config(layout)))
+    enc = ImageEncoder(image_embed_config(_embed_config(output)))
     vec = enc.embed_frames(pixels[None])["frame"][0]
     assert enc.model_id is not None
     return vec, enc.model_id
 
 
-def _text_query(layout: OutputLayout, text: str) -> tuple[np.ndarray, str]:
+def _text_query(output: Output, text: str) -> tuple[np.ndarray, str]:
     from modalign.operators.embed.registry import text_embed_config
     from modalign.operators.embed.text import TextEncoder
 
     if not text.strip():
         raise ConfigError("the text query is empty")
-    enc = TextEncoder(text_embed_config(_embed_config(layout)))
+    enc = TextEncoder(text_embed_config(_embed_config(output)))
     vec = enc.embed_texts([text])[0]
     assert enc.model_id is not None
     return vec, enc.model_id
 
 
-def find_record(out: Path, record: str, granularity: str | None = None) -> dict:
+def find_record(out: Path | Output, record: str, granularity: str | None = None) -> dict:
     """The feature row (with its vector) of a ``feature_id`` or an ``event_id``.
 
     An event with several rows gives the one at ``granularity`` if set, else its frame
     row, else its first roi row, else its first patch row (in file order).
     """
     import pyarrow.compute as pc
-    import pyarrow.dataset as ds
 
-    layout = OutputLayout(Path(out))
-    root = layout.root / "features"
-    if not root.is_dir():
-        raise ConfigError(f"no feature files in {out}; run `modalign run` first")
+    output = out if isinstance(out, Output) else Output(out)
+    files = output.files("features")
+    if not files:
+        raise ConfigError(f"no feature files in {output.root}; run `modalign run` first")
     rec = str(record).strip()
-    dataset = ds.dataset(root, format="parquet")
     expr = pc.field("event_id") == rec
     if rec.isdigit():
         expr = expr | (pc.field("feature_id") == int(rec))
-    rows = dataset.to_table(columns=ROW_COLUMNS + ["vector"], filter=expr).to_pylist()
+    rows = _read_rows(files, ROW_COLUMNS + ["vector"], expr).to_pylist()
     if not rows:
         raise ConfigError(f"no feature row has feature_id or event_id {rec!r} in {out}")
     exact = [r for r in rows if str(r["feature_id"]) == rec]
@@ -172,37 +162,34 @@ def search(out: Path, *, image: Path | None = None, text: str | None = None, rec
     ``granularity`` None picks the query's natural one: frame for an image, roi for a text,
     the record's own for a record.
     """
-    out = Path(out)
-    layout = OutputLayout(out)
     if sum(q is not None for q in (image, text, record)) != 1:
         raise ConfigError("give exactly one query: --image FILE, --text QUERY or --record ID")
     if granularity is not None and granularity not in GRANULARITIES:
         raise ConfigError(f"granularity must be one of {', '.join(GRANULARITIES)}, got {granularity!r}")
     if k < 1:
         raise ConfigError("k must be at least 1")
-    if not out.is_dir():
-        raise ConfigError(f"output folder {out} does not exist")
+    output = Output(out)  # ConfigError: no such folder, or nothing committed in it
     self_id = None
     if image is not None:
-        vec, model_id = _image_query(layout, Path(image))
+        vec, model_id = _image_query(output, Path(image))
         gran = granularity or "frame"
     elif text is not None:
-        vec, model_id = _text_query(layout, text)
+        vec, model_id = _text_query(output, text)
         gran = granularity or "roi"
     else:
-        row = find_record(out, str(record), granularity)
+        row = find_record(output, str(record), granularity)
         dim = len(row["vector"])
         vec, model_id, self_id = np.asarray(row["vector"], np.float32).reshape(dim), row["model_id"], row["feature_id"]
         gran = granularity or row["granularity"]
 
-    index = _load_index(layout, model_id, gran)
+    index = _load_index(output, model_id, gran)
     if index.dim != len(vec):
         raise ConfigError(f"the {model_id} {gran} index holds {index.dim}-d vectors, the query is {len(vec)}-d; "
                           "the run used another encoder config")
-    folder = _feature_dirs(layout).get((safe_name(model_id), gran))
-    if folder is None:
-        raise ConfigError(f"no {gran} features of model {model_id} in {out}; available: {_available(layout)}")
-    rows = {r["feature_id"]: r for r in _read_rows(folder, ROW_COLUMNS).to_pylist()}
+    files = _feature_files(output).get((safe_name(model_id), gran))
+    if not files:
+        raise ConfigError(f"no {gran} features of model {model_id} in {out}; available: {_available(output)}")
+    rows = {r["feature_id"]: r for r in _read_rows(files, ROW_COLUMNS).to_pylist()}
     # ask for a few more than k: ids removed from the feature files (erasure) may linger in an old index
     want = min(index.ntotal, k + 8)
     if want == 0:
@@ -223,7 +210,7 @@ def search(out: Path, *, image: Path | None = None, text: str | None = None, rec
             "modality": r["modality"], "granularity": r["granularity"], "model_id": r["model_id"],
             "t_ns": int(r["t_ns"]), "t_s": round(int(r["t_ns"]) / 1e9, 3), "box": _box(r["box"]),
         })
-    _attach_text(layout, results)
+    _attach_text(output, results)
     return results
 
 
@@ -234,15 +221,15 @@ def _box(box: dict | None) -> dict | None:
             "score": round(float(box["score"]), 4)}
 
 
-def _attach_text(layout: OutputLayout, results: list[dict]) -> None:
-    """Add the (already de-identified) text of PDF text-block results from ``OUT/events/pdf``."""
+def _attach_text(output: Output, results: list[dict]) -> None:
+    """Add the (already de-identified) text of PDF text-block results from the PDF events."""
     import pyarrow.compute as pc
 
     ids = sorted({r["event_id"] for r in results if r["modality"] == "pdf"})
-    folder = layout.root / "events" / "pdf"
-    if not ids or not folder.is_dir():
+    files = output.files("events_pdf")
+    if not ids or not files:
         return
-    t = _read_rows(folder, ["event_id", "text"], pc.field("event_id").isin(ids))
+    t = _read_rows(files, ["event_id", "text"], pc.field("event_id").isin(ids))
     text = dict(zip(t.column("event_id").to_pylist(), t.column("text").to_pylist()))
     for r in results:
         if r["event_id"] in text:

@@ -23,7 +23,7 @@ from modalign.operators.ingest.base import SourceContext
 from modalign.operators.modalities import DeidContext, ModalityPlan, plan_for
 from modalign.pipeline.items import (ClockItem, DoneItem, EmbedItem, FaultItem, Item, MetaItem, QuarantineItem,
                                      SourceItem, SourceJob)
-from modalign.pipeline.layout import OutputLayout, remove_source_outputs, with_lineage, write_fault, write_table
+from modalign.pipeline.layout import OutputLayout, attempt_of, with_lineage, write_fault, write_table
 from modalign.schemas.config import RunConfig
 from modalign.schemas.errors import ComplianceError, EnvironmentFaultError, InputError, QuarantineReason
 from modalign.schemas.files import SeekableHashingReader, sha256_file
@@ -124,18 +124,11 @@ class IngestWorker:
                 ctx, clock_item = self._clock(ctx, *job.reference)
                 clock = clock_item.mapping
                 yield clock_item
-            yield SourceItem(lineage)
-            remove_source_outputs(self.layout, plan.event_row, job.session_id, job.spec.id)
+            yield SourceItem(lineage, self._end_ns(plan, ctx))
             events, status, deid, counts = yield from self._batches(job, plan, ops, ctx, lineage)
             sha256 = self._content_hash(job, reader)
         except EnvironmentFaultError as exc:
             yield FaultItem(exc.message)
-            return
-        except OSError as exc:  # removing the source's earlier parts failed: OUT is read-only or failing
-            fault = write_fault(exc, self.layout.root)
-            if fault is None:
-                raise
-            yield FaultItem(fault.message)
             return
         finally:
             if reader is not None:
@@ -166,7 +159,7 @@ class IngestWorker:
                     continue
                 self._count(plan, clean, deid, counts)
                 stored = with_lineage(plan.to_events(clean, self.config), columns, plan.event_row.schema())
-                path = self.layout.events(plan.event_row, job.session_id, job.spec.id, part)
+                path = self.layout.events(plan.event_row, job.session_id, job.spec.id, attempt_of(job.run_id), part)
                 try:
                     write_table(path, stored)
                 except OSError as exc:  # OUT is read-only or full: the machine's fault, not the input's
@@ -176,7 +169,7 @@ class IngestWorker:
                     raise fault from None
                 part += 1
                 events += clean.num_rows
-                yield MetaItem(clean.select(list(plan.meta_columns)))
+                yield MetaItem(clean.select(list(plan.meta_columns)), self.layout.relative(path))
                 payload = self._embed_payload(plan, clean, sampler)
                 yield EmbedItem(plan.name, payload.num_rows, payload)
         except EnvironmentFaultError:
@@ -200,6 +193,14 @@ class IngestWorker:
         except OSError:  # the file went away while it was processed: its content is unknown
             log.warning("could not hash %s after reading it", job.uri)
             return None
+
+    @staticmethod
+    def _end_ns(plan: ModalityPlan, ctx: SourceContext) -> int | None:
+        """Where the recording ends on the session clock, from its header (documents: None)."""
+        from modalign.operators.ingest._av import declared_end_ns
+
+        end = declared_end_ns(ctx.path, plan.name) if plan.reads_stream else None
+        return None if end is None else ctx.clock.to_session(end)
 
     @staticmethod
     def _has_track(job: SourceJob) -> bool:

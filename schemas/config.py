@@ -152,9 +152,12 @@ class RuntimeConfig(_Strict):
     ingest_actors: int | None = Field(None, ge=1, le=4096, description="default: max(1, cpus - 1)")
     max_in_flight: int = Field(4, ge=1, le=1024, description="downstream calls (align, embed) in flight per source stream")
     ray_temp_dir: Path | None = Field(
-        None, description="local Ray only: session, log and spill folder (default: Ray's, or $RAY_TMPDIR)"
+        None, description="local Ray only: session, log and spill folder "
+                          "(default: $RAY_TMPDIR, else <tmp>/modalign-ray-<uid>)"
     )
     min_free_mb: int = Field(256, ge=0, le=2**30, description="free space OUT needs before a run starts (MiB)")
+    lease_ttl_s: float = Field(30.0, ge=2, le=3600, description="a writer whose lease heartbeat is older than "
+                               "this is taken to be dead and its lease of OUT is taken over")
 
 
 class RunConfig(_Strict):

@@ -13,8 +13,9 @@ retry can help (``retryable``)::
     │   └── InputTimeoutError        one unit (page render, OCR, decode) ran out of time
     ├── ComplianceError          de-identification could not be guaranteed: withhold, never write raw
     ├── DependencyMissingError   a Python or Debian package is absent: says what to install
-    └── EnvironmentFaultError    the machine failed, not the input (read-only or full OUT, a dead
-                                 aligner): stop the run with one message, never quarantine inputs
+    ├── EnvironmentFaultError    the machine failed, not the input (read-only or full OUT, a dead
+    │                            aligner): stop the run with one message, never quarantine inputs
+    └── OutputLockedError        another run holds the output folder's lease: nothing was written
 
 Messages say what failed, for which source and time, and what to do next. They never
 contain personal data: a message names a source URI and a time range, not its content.
@@ -176,4 +177,14 @@ class EnvironmentFaultError(ModalignError):
     quarantined for it; re-run once the cause is fixed."""
 
     code = "environment_fault"
+    retryable = True
+
+
+class OutputLockedError(ModalignError):
+    """Another writer holds the output folder (its lease is live), or committed first.
+
+    Nothing of this run was written or committed; wait for the holder, or re-run once its
+    lease has expired (a dead holder's lease is taken over)."""
+
+    code = "out_locked"
     retryable = True

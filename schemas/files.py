@@ -54,6 +54,15 @@ def atomic_write(path: Path | str, write_fn: Callable[[Path], object]) -> Path:
     return path
 
 
+def fsync_dir(path: Path | str) -> None:
+    """Make the entries of a folder (a rename or link into it) durable: fsync the folder itself."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class SeekableHashingReader:
     """A seekable read-only view of a file for a decoder (PyAV) that hashes the file as the
     decoder reads it: the sha256 advances over the longest prefix read so far in order, and

@@ -227,6 +227,13 @@ class TickAligner(Operator[AlignConfig]):
         s = self._source(source_id)
         s.explicit_wm = max(s.explicit_wm, float(t_ns))
 
+    def expect_until(self, source_id: str, end_ns: int) -> None:
+        """The recording of ``source_id`` runs until ``end_ns`` (session time) although its events
+        stop earlier (it was cut short): the timeline extends to there, and every tick after
+        its last event is a gap of this source in the records and the CTAL log."""
+        s = self._source(source_id)
+        s.expected_end = max(s.expected_end or end_ns, end_ns)
+
     def finish_source(self, source_id: str) -> None:
         """No more events from ``source_id``: its watermark becomes +inf."""
         self._source(source_id).finished = True
@@ -286,9 +293,10 @@ class TickAligner(Operator[AlignConfig]):
         return AlignResult(records=records, ctal=ctal, summary=summary, alarms=alarms, ticks=self._next_tick)
 
     def session_end_ns(self, final: bool = True) -> int:
-        """End of the session timeline: the last point event + 1 (pages extend it only when
-        no point source has events)."""
-        points = [s.max_t for s in self._sources.values() if not s.is_pdf and s.max_t is not None]
+        """End of the session timeline: the last point event + 1, or where a cut-short source
+        should have ended (pages extend it only when no point source has events)."""
+        points = [t for s in self._sources.values() if not s.is_pdf
+                  for t in (s.max_t, None if s.expected_end is None else s.expected_end - 1) if t is not None]
         if points:
             return max(points) + 1
         if final or all(s.is_pdf for s in self._sources.values()):

@@ -37,6 +37,7 @@ class SourceState:
     end: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     pend: list = field(default_factory=list)  # (t, ids, end) chunks not yet merged
     max_t: int | None = None
+    expected_end: int | None = None  # session time the recording was expected to reach (cut short)
     explicit_wm: float = _NEG_INF
     finished: bool = False
     timed_out: bool = False

@@ -150,3 +150,15 @@ def has_stream(path: Path, kind: str) -> bool:
             return bool(getattr(container.streams, kind))
     except (av.error.FFmpegError, OSError):
         return False
+
+
+def declared_end_ns(path: Path, kind: str) -> int | None:
+    """Local ns where the first ``kind`` stream of ``path`` declares it ends (None: unknown, no
+    such stream, or unopenable). Reads the header only."""
+    av = require("av")
+    try:
+        with av.open(str(path)) as container:
+            streams = getattr(container.streams, kind)
+            return declared_span_ns(container, streams[0])[1] if streams else None
+    except (av.error.FFmpegError, OSError):
+        return None

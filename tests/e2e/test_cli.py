@@ -55,7 +55,7 @@ def test_run_exits_zero_and_prints_summary(demo):
 
 def test_tick_count_is_duration_times_25(demo):
     root, _, _ = demo
-    rec = _table(root / "out", "records/*.parquet")
+    rec = _table(root / "out", "records/*/*.parquet")
     ticks = len(set(rec.column("tick_index").to_pylist()))
     assert abs(ticks - DURATION_S * 25) <= 1
     assert json.loads((root / "out" / "run.json").read_text())["counts"]["ticks"] == ticks
@@ -63,7 +63,7 @@ def test_tick_count_is_duration_times_25(demo):
 
 def test_residuals_within_tolerance_and_lapel_gap_logged(demo):
     root, _, manifest = demo
-    rec = _table(root / "out", "records/*.parquet").to_pylist()
+    rec = _table(root / "out", "records/*/*.parquet").to_pylist()
     tol_ms = {"video": 33, "audio": 40, "pdf": 200}
     matched = [r for r in rec if r["decision"] == "matched"]
     assert all(abs(r["residual_ns"]) <= tol_ms[r["modality"]] * 1e6 for r in matched)
@@ -76,14 +76,15 @@ def test_residuals_within_tolerance_and_lapel_gap_logged(demo):
     lapel = [r for r in rec if r["source_id"] == "lapel"]
     first_match = min(r["tick_index"] for r in lapel if r["decision"] == "matched")
     assert abs(first_match * 40 - lapel_offset_ms) <= 40
-    ctal = _table(root / "out", "ctal/log/*.parquet").to_pylist()
+    ctal = _table(root / "out", "ctal/log/*/*.parquet").to_pylist()
     lapel_gaps = [c for c in ctal if "lapel" in c["reason"]]
     assert len(lapel_gaps) >= first_match - 1 and all(c["decision"] == "gap" for c in lapel_gaps)
     # The lapel's clock offset is not in the manifest: estimated against the room video's audio.
-    summary = {r["source_id"]: r for r in _table(root / "out", "ctal/summary/*.parquet").to_pylist()}
+    summary = {r["source_id"]: r for r in _table(root / "out", "ctal/summary/*/*.parquet").to_pylist()}
     assert summary["lapel"]["offset_method"] == "estimated"
     assert abs(summary["lapel"]["offset_ns"] / 1e6 - lapel_offset_ms) <= 10.0
-    jsonl = (root / "out" / "ctal" / "jsonl" / f"{manifest.session_id}.jsonl").read_text().splitlines()
+    (jsonl_file,) = (root / "out" / "ctal" / "jsonl" / manifest.session_id).glob("*.jsonl")
+    jsonl = jsonl_file.read_text().splitlines()
     assert len(jsonl) == len(ctal) and json.loads(jsonl[0])["session_id"] == manifest.session_id
 
 
@@ -169,7 +170,7 @@ def test_face_region_blurred_rest_untouched(demo):
 
 def test_lineage_rows_name_every_source(demo):
     root, _, manifest = demo
-    rows = _table(root / "out", "lineage/sources/*.parquet").to_pylist()
+    rows = _table(root / "out", "lineage/sources/*/*.parquet").to_pylist()
     sources = manifest.ingest_sources()  # the room video's own sound is a source of its own
     assert {r["source_id"] for r in rows} == {s.id for s in sources} == {s.id for s in manifest.sources} | {
         "room_video.audio"}
@@ -195,13 +196,17 @@ def test_inspect_and_idempotent_rerun(demo):
     env = dict(os.environ, MODALIGN_KEY_STORE=str(root / "keys"))
     out = subprocess.run([MODALIGN, "inspect", str(root / "out")], capture_output=True, text=True, check=True)
     assert "alignment residuals" in out.stdout and "lapel" in out.stdout
-    before = sorted(p.relative_to(root / "out") for p in (root / "out" / "events").rglob("*.parquet"))
+    first = json.loads((root / "out" / "run.json").read_text())["run_id"][:12]
+    before = sorted(str(p.relative_to(root / "out")) for p in (root / "out" / "events").rglob("*.parquet"))
+    assert before and all(first in p for p in before)
     rerun = subprocess.run([MODALIGN, "run", str(root / "sample" / "manifest.yaml"), "--out", str(root / "out"),
                             "--json"], env=env, capture_output=True, text=True, timeout=900)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     summary = json.loads(rerun.stdout)
-    after = sorted(p.relative_to(root / "out") for p in (root / "out" / "events").rglob("*.parquet"))
-    assert before == after  # deterministic names: replaced, not duplicated
+    after = sorted(str(p.relative_to(root / "out")) for p in (root / "out" / "events").rglob("*.parquet"))
+    second = summary["run_id"][:12]
+    # the re-run's parts replaced the first run's one for one (committed, then the old ones removed)
+    assert after == [p.replace(first, second) for p in before]
     cache = summary["counts"]["cache"]
     assert cache["hits"]["frame"] > 0 and cache["misses"]["frame"] == 0  # every frame feature from the cache
     assert cache["hit_rate"] >= 0.95

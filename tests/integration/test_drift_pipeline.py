@@ -38,7 +38,7 @@ def test_skewed_recorder_raises_one_alarm_at_the_crossing(ray_local, tmp_path):
     crossing_tick = int((offset + 800 * MS * (1 + s) / s) // (40 * MS)) + 1  # residual offset passes 800 ms
     assert abs(alarm["start_tick"] - crossing_tick) <= 1, (alarm["start_tick"], crossing_tick)
     assert sorted(alarm["sources"]) == ["lapel", "room"]
-    ctal = ds.dataset(out / "ctal" / "log" / "drift.parquet", format="parquet").to_table().to_pylist()
+    ctal = ds.dataset(out / "ctal" / "log" / "drift", format="parquet").to_table().to_pylist()
     assert any(c["decision"] == "out_of_tolerance" and c["tick_index"] == alarm["start_tick"] for c in ctal)
     # The manifest's mapping was verified, not replaced.
     lapel = next(r for r in summary["alignment"]["drift"] if r["source_id"] == "lapel")

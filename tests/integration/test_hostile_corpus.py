@@ -7,6 +7,7 @@ finishes in bounded time. Files discovery does not take as media (a .txt) are ig
 
 from __future__ import annotations
 
+import hashlib
 import signal
 import time
 from pathlib import Path
@@ -23,11 +24,18 @@ pytestmark = pytest.mark.integration
 MAX_RUN_S = 240  # ~40 s here on 2 shared cores; a hang or a retry loop would blow it
 
 
+# Media names that lead out of the folder (symlinks): refused before any byte is read.
+ESCAPES = {"escape.wav": "path_outside_root", "etc_hostname.wav": "path_outside_root"}
+
+
 @pytest.fixture(scope="module")
 def hostile_folder(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("hostile_run")
     write_corpus(d)
     write_wav(d / "good.wav", seconds=2.0)
+    outside = write_wav(tmp_path_factory.mktemp("outside") / "secret.wav", seconds=1.0, seed=7)
+    (d / "escape.wav").symlink_to(outside)
+    (d / "etc_hostname.wav").symlink_to("/etc/hostname")
     return d
 
 
@@ -51,7 +59,7 @@ def test_hostile_corpus_is_quarantined_and_the_good_file_completes(ray_local, ho
     assert elapsed < MAX_RUN_S
     rows = ds.dataset(out / "quarantine", format="parquet").to_table().to_pylist()
     names = [Path(r["source_uri"]).name for r in rows]
-    expected = {h.name: h.runner_code for h in CORPUS if h.runner_code is not None}
+    expected = {h.name: h.runner_code for h in CORPUS if h.runner_code is not None} | ESCAPES
     assert sorted(names) == sorted(expected)  # exactly one row per hostile media file, none for good.wav
     for r in rows:
         name = Path(r["source_uri"]).name
@@ -70,12 +78,16 @@ def test_hostile_corpus_is_quarantined_and_the_good_file_completes(ray_local, ho
     assert status["good.wav"] == "ingested"
     assert tracks["wav_as.mp4"] == "ingested"  # no video stream, but its sound is real: the audio track reads it
     assert "notes.txt" not in status and "notes.txt" not in names  # not media: never discovered
+    for name in ESCAPES:  # never read: no version, no hash, no lineage row of its content
+        assert by_name[name]["source_version"] is None and name not in status
+    secret = hashlib.sha256((hostile_folder / "escape.wav").resolve().read_bytes()).hexdigest()
+    assert not any(secret in p.read_bytes().decode("latin-1") for p in out.rglob("*") if p.is_file())
     for h in CORPUS:
         if h.runner_code is not None and h.name in status:
             assert status[h.name] == ("partial" if h.partial else "quarantined"), h.name
 
     # the good file is complete: 2 s of audio -> 50 ticks of 40 ms, all matched, voiced flags present
-    good = ds.dataset(out / "records" / "good.parquet", format="parquet").to_table()
+    good = ds.dataset(out / "records" / "good", format="parquet").to_table()
     assert abs(good.num_rows - 50) <= 1 and set(good.column("decision").to_pylist()) == {"matched"}
     events = ds.dataset(out / "events" / "audio" / "good", format="parquet").to_table().sort_by("frame_index")
     assert events.num_rows == (32000 - 400) // 160 + 1

@@ -51,5 +51,10 @@ def test_open_names_a_folder_that_is_not_an_output(tmp_path):
     import modalign
     from modalign.schemas.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="no run.json"):
+    with pytest.raises(ConfigError, match="not a modalign output folder \\(no commit\\)"):
         modalign.open(tmp_path)
+    (tmp_path / "run.json").write_text("{}")  # an old layout, or a run that crashed before its commit
+    with pytest.raises(ConfigError, match="never committed: re-run into it"):
+        modalign.open(tmp_path)
+    with pytest.raises(ConfigError, match="does not exist"):
+        modalign.open(tmp_path / "nope")

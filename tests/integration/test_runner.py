@@ -43,9 +43,9 @@ def test_bad_inputs_quarantined_rest_complete(ray_local, mixed_folder, tmp_path)
     assert "good.wav" not in by_name and "clip.mp4" not in by_name
 
     # The good sources are complete: 2 s of audio -> ~200 MFCC frames, 50 ticks; 25 video frames.
-    good = ds.dataset(out / "records" / "good.parquet", format="parquet").to_table()
+    good = ds.dataset(out / "records" / "good", format="parquet").to_table()
     assert abs(good.num_rows - 50) <= 1
-    clip = ds.dataset(out / "records" / "clip.parquet", format="parquet").to_table()
+    clip = ds.dataset(out / "records" / "clip", format="parquet").to_table()
     assert clip.num_rows == 25 and set(clip.column("decision").to_pylist()) == {"matched"}
     lineage = ds.dataset(out / "lineage" / "sources", format="parquet").to_table().to_pylist()
     status = {(Path(r["source_uri"]).name, r["source_id"]): r["status"] for r in lineage}

@@ -15,7 +15,6 @@ import pytest
 
 import modalign
 
-from modalign.pipeline.layout import OutputLayout
 from modalign.pipeline.runner import EXIT_OK, Runner
 from modalign.schemas.config import RunConfig
 from clips import write_clip, write_tone
@@ -95,12 +94,12 @@ def test_a_video_s_own_sound_is_an_audio_source(run):
     assert 190 <= mfcc.num_rows <= 206 and set(mfcc.column("source_id").to_pylist()) == {"source.audio"}
     voiced = mfcc.column("voiced").to_numpy(zero_copy_only=False)
     assert 0.3 < voiced.mean() < 0.97 and not voiced.all()  # the bursts (plus VAD hangover), not silence
-    timeline = ds.dataset(out / "records" / "talk.parquet", format="parquet").to_table()
+    timeline = ds.dataset(out / "records" / "talk", format="parquet").to_table()
     audio = timeline.filter(ds.field("modality") == "audio")
     assert 50 <= audio.num_rows <= 52 and audio.filter(ds.field("decision") == "matched").num_rows >= 48
     # The silent video: no audio source in the timeline, no quarantine row, a lineage row saying why.
     assert rows[("silent", "source.audio")]["status"] == "no_stream"
-    silent = ds.dataset(out / "records" / "silent.parquet", format="parquet").to_table()
+    silent = ds.dataset(out / "records" / "silent", format="parquet").to_table()
     assert set(silent.column("modality").to_pylist()) == {"video"}
     assert modalign.open(out).table("quarantine").count_rows() == 0  # no file at all: no rows
 
@@ -119,7 +118,7 @@ def test_a_non_ascii_file_name_is_a_session(run):
     sessions = {r["session_id"] for r in _lineage(out)}
     ids = [s for s in sessions if s.startswith("dotdot_name_u-")]
     assert len(ids) == 1
-    records = ds.dataset(out / "records" / f"{ids[0]}.parquet", format="parquet").to_table()
+    records = ds.dataset(out / "records" / ids[0], format="parquet").to_table()
     assert records.num_rows == 50
 
 
@@ -127,20 +126,23 @@ def test_stale_feature_parts_are_removed_on_a_rerun(run, folder, tmp_path):
     """Defect: feature parts of an earlier run survived a re-run and got indexed."""
     import faiss
 
+    import modalign
+
     out, _ = run
     out2 = tmp_path / "out"
     shutil.copytree(out, out2)
-    parts = sorted((out2 / "features").rglob("*.parquet"))
-    talk = next(p for p in parts if p.parent.name == "talk" and p.name.startswith("source-")
-                and p.parent.parent.name == "frame" and p.parts[-4].startswith("efficientnet"))
-    stale = talk.with_name("source-00099.parquet")
-    shutil.copy(talk, stale)
+    parts = [p for p in modalign.open(out2).files("features") if p.parent.name == "talk"
+             and p.parent.parent.name == "frame" and p.parts[-4].startswith("efficientnet")]
+    stale = parts[0].with_name("source-0123456789ab-00099.parquet")  # a crashed attempt's part: not committed
+    shutil.copy(parts[0], stale)
     Runner(RunConfig(key_store=tmp_path / "keys"), out2, progress=lambda _m: None).run(folder)
-    assert not stale.exists() and talk.exists()
-    frame_rows = ds.dataset(out2 / "features", format="parquet").to_table().filter(
-        ds.field("granularity") == "frame")
+    assert not stale.exists() and not any(p.exists() for p in parts)  # the old commit's parts went too
+    committed = modalign.open(out2)
+    frame_rows = committed.table("features").to_table().filter(ds.field("granularity") == "frame")
     model = frame_rows.column("model_id")[0].as_py()
-    index = faiss.read_index(str(OutputLayout(out2).index(model, "frame")))
+    on_disk = ds.dataset(out2 / "features", format="parquet").to_table()  # between runs: only committed files
+    assert on_disk.num_rows == committed.table("features").count_rows()
+    index = faiss.read_index(str(committed.index_file(model, "frame")))
     assert index.ntotal == frame_rows.filter(ds.field("model_id") == model).num_rows
 
 

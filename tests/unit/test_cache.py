@@ -351,21 +351,26 @@ def test_catalog_counts_a_key_written_by_two_writers_once(tmp_path):
 # -- modalign cache stats|gc (pipeline/cache_admin.py) -------------------------------------------
 
 
-def _write_features(out: Path, table: pa.Table, name: str) -> None:
+def _write_features(out: Path, table: pa.Table, name: str) -> list[str]:
+    """Feature files as a run writes them; returns their names relative to OUT (for the commit)."""
     import pyarrow.parquet as pq
 
     model = table.column("model_id")[0].as_py()
+    files = []
     for gran in set(table.column("granularity").to_pylist()):
-        d = out / "features" / model / gran
+        d = out / "features" / model / gran / "s"
         d.mkdir(parents=True, exist_ok=True)
         sub = table.filter(pa.compute.equal(table.column("granularity"), gran))
         pq.write_table(sub, d / f"{name}.parquet")
+        files.append((d / f"{name}.parquet").relative_to(out).as_posix())
+    return files
 
 
 def test_cache_stats_and_gc_of_an_output_folder(image_encoder, frames, tmp_path):
     import pyarrow.compute  # noqa: F401  (pa.compute)
 
     from modalign.pipeline.cache_admin import cache_gc, cache_stats, render_stats
+    from modalign.pipeline.commits import CommitLog
     from modalign.schemas.errors import ConfigError
 
     table, n_roi = frames
@@ -374,13 +379,16 @@ def test_cache_stats_and_gc_of_an_output_folder(image_encoder, frames, tmp_path)
     cfg = FrameEmbedConfig(encoder=image_encoder.config)
     feats = FrameEmbedOperator(cfg, encoder=image_encoder, cache=cache).process(table)
     cache.flush()
-    with pytest.raises(ConfigError, match="no feature files"):
+    with pytest.raises(ConfigError, match="no committed feature files"):
         cache_gc(out)  # an empty features folder is a wrong path, not a wish to drop everything
     # the output keeps the rows of frames 0 and 1 only (frame 2's were deleted)
     keep = pa.compute.is_in(feats.column("event_id"), pa.array(["v-0", "v-1"]))
-    _write_features(out, feats.filter(keep), "part0")
-    (out / "run.json").write_text(json.dumps({"run_id": "abc123", "counts": {"cache": {
-        "hits": {"frame": 3, "roi": 3, "patch": 0}, "misses": {"frame": 0, "roi": 0, "patch": 0}, "hit_rate": 1.0}}}))
+    files = _write_features(out, feats.filter(keep), "part0")
+    _write_features(out, feats, "uncommitted")  # a crashed run's parts: no reader counts them
+    CommitLog.of(out).commit(None, run_id="abc123", sessions={"s": {"run_id": "abc123", "files": files}}, shared=[],
+                             summary={"run_id": "abc123", "counts": {"cache": {
+                                 "hits": {"frame": 3, "roi": 3, "patch": 0},
+                                 "misses": {"frame": 0, "roi": 0, "patch": 0}, "hit_rate": 1.0}}})
 
     s = cache_stats(out)
     assert s["entries"] == 3 + n_roi + 3 and s["segments"] == 2 and s["bytes"] > 0

@@ -39,7 +39,8 @@ def photos() -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def out(tmp_path_factory, photos) -> Path:
-    """An output folder as a run leaves it: features, indexes, run.json, PDF events."""
+    """An output folder as a run leaves it: features, indexes, PDF events, committed with the run summary."""
+    from modalign.pipeline.commits import CommitLog
     from modalign.pipeline.embedding import Embedder
     from modalign.pipeline.layout import OutputLayout
     from modalign.pipeline.runner import build_indexes
@@ -47,7 +48,7 @@ def out(tmp_path_factory, photos) -> Path:
 
     root = tmp_path_factory.mktemp("search") / "out"
     config = RunConfig(embed=RunConfig().embed.model_copy(update={"device": "cpu"}))
-    emb = Embedder(config, root)
+    emb = Embedder(config, root, "a1")
     names = list(photos)
     frames = pa.table({
         "event_id": [f"s1/cam/frame/{i}" for i in range(len(names))],
@@ -58,19 +59,23 @@ def out(tmp_path_factory, photos) -> Path:
     })
     lineage = dict(session_id="s1", source_id="cam", source_uri="file:///data/s1/cam.mp4",
                    source_version="sha256:00", operators="video_frames@0.1.0", policy="p@1")
-    emb.embed("video", frames, lineage, 0)
+    files = emb.embed("video", frames, lineage, 0)["files"]
     boxes = [{"x0": 10, "y0": 20 + 100 * i, "x1": 900, "y1": 80 + 100 * i, "score": 0.95} for i in range(3)]
     blocks = pa.table({
         "event_id": [f"s1/slides/block/{i}" for i in range(3)],
         "t_ns": pa.array([2_500_000_000] * 3, pa.int64()),
         "text": BLOCKS, "box": pa.array(boxes, BOX_TYPE), "page_index": pa.array([0, 0, 0], pa.int32()),
     })
-    emb.embed("pdf", blocks, dict(lineage, source_id="slides", source_uri="file:///data/s1/slides.pdf"), 0)
+    files += emb.embed("pdf", blocks, dict(lineage, source_id="slides", source_uri="file:///data/s1/slides.pdf"),
+                       0)["files"]
     emb.flush()
     (root / "events" / "pdf" / "s1").mkdir(parents=True)
-    pq.write_table(blocks.select(["event_id", "text"]), root / "events" / "pdf" / "s1" / "slides-00000.parquet")
-    build_indexes(OutputLayout(root))
-    (root / "run.json").write_text(json.dumps({"config": config.model_dump(mode="json")}))
+    pq.write_table(blocks.select(["event_id", "text"]), root / "events" / "pdf" / "s1" / "slides-a1-00000.parquet")
+    files.append("events/pdf/s1/slides-a1-00000.parquet")
+    indexes = build_indexes(OutputLayout(root), [f for f in files if f.startswith("features/")], "a1")
+    CommitLog.of(root).commit(None, run_id="a1", sessions={"s1": {"run_id": "a1", "files": files}},
+                              shared=[ix["path"] for ix in indexes],
+                              summary={"config": config.model_dump(mode="json")})
     return root
 
 
@@ -120,12 +125,11 @@ def test_a_record_is_its_own_nearest_neighbour(out):
 
 def test_identical_vectors_put_the_record_first(out):
     """Two rows with the same vector tie at 1.0: the queried record wins the tie."""
+    import modalign
     from modalign.operators.cache.index import FeatureIndex
-    from modalign.pipeline.layout import OutputLayout
 
     row = find_record(out, "s1/slides/block/0")
-    layout = OutputLayout(out)
-    path = layout.index(row["model_id"], "roi")
+    path = modalign.open(out).index_file(row["model_id"], "roi")
     index = FeatureIndex.load(path)
     twin = find_record(out, "s1/slides/block/2")
     original = index.reconstruct(twin["feature_id"])
@@ -146,13 +150,13 @@ def test_identical_vectors_put_the_record_first(out):
 def test_rows_removed_from_the_index_are_not_returned(out, tmp_path):
     import shutil
 
+    import modalign
     from modalign.operators.cache.index import FeatureIndex
-    from modalign.pipeline.layout import OutputLayout
 
     copy = tmp_path / "out"
     shutil.copytree(out, copy)
     rec = find_record(copy, "s1/slides/block/1")
-    path = OutputLayout(copy).index(rec["model_id"], "roi")
+    path = modalign.open(copy).index_file(rec["model_id"], "roi")
     index = FeatureIndex.load(path)
     assert index.remove(np.array([rec["feature_id"]])) == 1
     index.save(path)

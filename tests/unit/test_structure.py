@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from modalign.operators.modalities import PLANS
-from modalign.pipeline.layout import TABLES, OutputLayout, remove_source_outputs
+from modalign.pipeline.layout import TABLES, OutputLayout
 from modalign.schemas.errors import ConfigError, QuarantineReason
 from modalign.schemas.manifest import Manifest, Modality
 from modalign.schemas.tables import ALL_TABLES, QuarantineRow, VideoFrameRow
@@ -42,20 +42,7 @@ def test_each_table_has_a_folder_of_its_own():
 def test_feature_file_names_do_not_collide(tmp_path):
     """Defect: session 'a-b' with source 'c' and session 'a' with source 'b-c' shared a file."""
     lay = OutputLayout(tmp_path)
-    assert lay.features("m@1", "frame", "a-b", "c", 0) != lay.features("m@1", "frame", "a", "b-c", 0)
-
-
-def test_removing_a_source_s_outputs_keeps_every_other_source(tmp_path):
-    lay = OutputLayout(tmp_path)
-    mine = [lay.events(VideoFrameRow, "s", "cam", 0), lay.features("m@1", "frame", "s", "cam", 3),
-            lay.features("m@1", "roi", "s", "cam", 0)]
-    others = [lay.events(VideoFrameRow, "s", "cam.audio", 0), lay.features("m@1", "frame", "s", "cam2", 0),
-              lay.features("m@1", "frame", "s2", "cam", 0), lay.features("m@1", "frame", "s", "cam.audio", 0)]
-    for p in mine + others:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(b"x")
-    remove_source_outputs(lay, VideoFrameRow, "s", "cam")
-    assert not any(p.exists() for p in mine) and all(p.exists() for p in others)
+    assert lay.features("m@1", "frame", "a-b", "c", "x1", 0) != lay.features("m@1", "frame", "a", "b-c", "x1", 0)
 
 
 def test_quarantine_reasons_are_one_enum_and_every_code_in_the_tree_is_in_it():

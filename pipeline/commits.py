@@ -1,0 +1,145 @@
+"""The commit protocol of an output folder: what OUT holds is what its latest commit lists.
+
+One protocol for every table and every writer (a batch run, a re-run, later streaming and
+erasure), in the spirit of Delta Lake's log, with whole snapshots instead of actions::
+
+    OUT/_modalign/commits/v00000000000000000007.json   the committed state, version 7
+
+1. A writer holds the output's lease (``modalign.pipeline.lease``) for the whole attempt.
+2. It writes new parts under names unique to the attempt (``layout.attempt_of(run_id)``
+   in every file name), so nothing a reader of the current commit uses is touched.
+3. It makes them durable (each file fsynced when written, their folders before the commit)
+   and creates the next version's record, which lists exactly the files of the new state:
+   per session (the sessions it wrote, replaced whole; the others carried over), plus the
+   shared files (FAISS indexes) and the run summary. ``create`` is write-if-absent, so two
+   writers can never both commit version N (an object store does it with ``If-None-Match``).
+4. Only then it deletes the files of the previous commit that the new one does not list
+   (parts of sources that are gone or got shorter, the last attempt's names).
+
+Readers (``modalign.open``, ``inspect``, ``search``, ``cache``, the FAISS build) list files
+from the latest commit only, so they see the old state or the new one, never a mix. A crash
+at any point before step 3 leaves the previous commit intact and readable; whatever the
+crashed attempt wrote is not listed anywhere, and the next writer's ``sweep`` removes it.
+A reader still reading a previous commit's files when step 4 deletes them gets
+``FileNotFoundError`` and re-opens the folder.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from modalign.pipeline.store import LocalStore
+from modalign.schemas.errors import OutputLockedError
+
+LOG_PREFIX = "_modalign/commits"
+FORMAT = 1
+KEEP_RECORDS = 20  # commit records kept for audit (the files of older ones are gone)
+_RECORD = re.compile(r"v([0-9]{20})\.json")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One committed state of an output folder (the record of one version)."""
+
+    version: int
+    run_id: str
+    committed_at: str
+    sessions: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> {"run_id", "files"}
+    shared: tuple[str, ...] = ()  # files derived from every session (FAISS indexes)
+    summary: dict[str, Any] = field(default_factory=dict)  # the run summary (run.json)
+
+    def files(self) -> set[str]:
+        """Every file of the committed state, relative to OUT."""
+        return {f for s in self.sessions.values() for f in s["files"]} | set(self.shared)
+
+    def under(self, folder: str) -> list[str]:
+        """The committed files inside ``folder`` (relative to OUT), sorted."""
+        prefix = folder.rstrip("/") + "/"
+        return sorted(f for f in self.files() if f.startswith(prefix))
+
+    def to_json(self) -> bytes:
+        return json.dumps({"format": FORMAT, "version": self.version, "run_id": self.run_id,
+                           "committed_at": self.committed_at, "sessions": self.sessions,
+                           "shared": list(self.shared), "summary": self.summary},
+                          indent=1, sort_keys=True, default=str).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "Snapshot":
+        d = json.loads(data)
+        return cls(version=d["version"], run_id=d["run_id"], committed_at=d["committed_at"],
+                   sessions=d["sessions"], shared=tuple(d["shared"]), summary=d["summary"])
+
+
+class CommitLog:
+    """The versions of one output folder's state."""
+
+    def __init__(self, store: LocalStore) -> None:
+        self.store = store
+
+    @classmethod
+    def of(cls, out: Path | str) -> "CommitLog":
+        return cls(LocalStore(out))
+
+    def versions(self) -> list[int]:
+        return sorted(int(m.group(1)) for k in self.store.list(LOG_PREFIX)
+                      if (m := _RECORD.fullmatch(k.rsplit("/", 1)[-1])))
+
+    def latest(self) -> Snapshot | None:
+        """The committed state (None: nothing was ever committed here)."""
+        versions = self.versions()
+        if not versions:
+            return None
+        data = self.store.get(_key(versions[-1]))
+        return Snapshot.from_json(data) if data is not None else self.latest()  # pruned meanwhile
+
+    def commit(self, parent: Snapshot | None, *, run_id: str, sessions: dict[str, dict[str, Any]],
+               shared: list[str], summary: dict[str, Any]) -> Snapshot:
+        """Create the version after ``parent``: ``sessions`` replace the parent's of the same id.
+
+        Raises ``OutputLockedError`` if another writer committed that version first (which
+        the lease prevents; this is the last line of defence)."""
+        merged = dict(parent.sessions) if parent else {}
+        merged.update(sessions)
+        snap = Snapshot(version=(parent.version if parent else 0) + 1, run_id=run_id,
+                        committed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        sessions=merged, shared=tuple(sorted(shared)), summary=summary)
+        if not self.store.create(_key(snap.version), snap.to_json()):
+            raise OutputLockedError(f"another writer committed version {snap.version} of {self.store.root} "
+                                    "during this run; nothing of this run was committed: re-run")
+        for old in self.versions()[:-KEEP_RECORDS]:
+            self.store.delete(_key(old))
+        return snap
+
+
+def _key(version: int) -> str:
+    return f"{LOG_PREFIX}/v{version:020d}.json"
+
+
+# Files a writer may remove in OUT: its own kinds only, never anything else a user keeps there.
+_OURS = re.compile(r"(.*\.(parquet|jsonl|faiss)|\..*\.tmp)")
+
+
+def sweep(root: Path, keep: set[str], folders: list[str]) -> int:
+    """Delete every file of ours in ``folders`` (relative to ``root``) that ``keep`` does not list:
+    a crashed attempt's parts, temporary files, the previous commit's files. Empty folders go
+    too. Only the lease holder may sweep. Returns the number of files removed."""
+    removed = 0
+    for folder in folders:
+        base = root / folder
+        if not base.is_dir():
+            continue
+        for path in sorted(base.rglob("*"), reverse=True):  # children before their folders
+            if path.is_dir():
+                if not any(path.iterdir()):
+                    path.rmdir()
+            elif _OURS.fullmatch(path.name) and path.relative_to(root).as_posix() not in keep:
+                path.unlink(missing_ok=True)
+                removed += 1
+        if base.is_dir() and not any(base.iterdir()):
+            base.rmdir()
+    return removed

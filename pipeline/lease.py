@@ -1,0 +1,173 @@
+"""One writer per output folder: a lease with a holder id, a heartbeat and stale takeover.
+
+The lease is a sequence of generation records, ``OUT/_modalign/lease/NAME/g<generation>.json``,
+each created with write-if-absent (``LocalStore.create``; ``If-None-Match: *`` on an object
+store), so of two writers racing for the next generation exactly one wins::
+
+    acquire:   read the newest record; if it is live (heartbeat younger than its ttl, and on
+               this host its process still runs), refuse with OutputLockedError naming it;
+               otherwise (none, released or stale) create generation + 1.
+    heartbeat: every ttl / 3 the holder rewrites its own record, after checking that it is
+               still the newest: a holder that was taken over learns it and stops.
+    release:   mark the record released (generations never repeat, so a paused old holder
+               can never mistake a new holder's record for its own).
+
+``check()`` is the fence a writer calls right before it commits. Staleness is judged on
+the heartbeat's wall-clock time, so the machines sharing a folder need roughly synchronised
+clocks (well within the ttl); a holder on this host that died is taken over at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+
+from modalign.pipeline.store import LocalStore
+from modalign.schemas.errors import OutputLockedError
+
+log = logging.getLogger(__name__)
+
+LEASE_PREFIX = "_modalign/lease"
+DEFAULT_TTL_S = 30.0
+_GENERATION = re.compile(r"g([0-9]{20})\.json")
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    generation: int
+    run_id: str
+    host: str
+    pid: int
+    acquired_at: float
+    heartbeat_at: float
+    ttl_s: float
+    released: bool = False
+
+    @property
+    def holder(self) -> str:
+        return f"run {self.run_id[:12]} (pid {self.pid} on {self.host})"
+
+    def stale(self, now: float) -> bool:
+        if self.released or now - self.heartbeat_at > self.ttl_s:
+            return True
+        return self.host == socket.gethostname() and not _pid_alive(self.pid)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+class Lease:
+    """The lease ``name`` of the folder ``store`` serves; use as a context manager."""
+
+    def __init__(self, store: LocalStore, run_id: str, *, ttl_s: float = DEFAULT_TTL_S, name: str = "out",
+                 on_lost: Callable[[OutputLockedError], None] | None = None) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.ttl_s = ttl_s
+        self.prefix = f"{LEASE_PREFIX}/{name}"
+        self.on_lost = on_lost
+        self.record: LeaseRecord | None = None
+        self.took_over: LeaseRecord | None = None  # the stale record this lease replaced
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- records ---------------------------------------------------------------------------
+    def _key(self, generation: int) -> str:
+        return f"{self.prefix}/g{generation:020d}.json"
+
+    def _generations(self) -> list[int]:
+        return sorted(int(m.group(1)) for k in self.store.list(self.prefix)
+                      if (m := _GENERATION.fullmatch(k.rsplit("/", 1)[-1])))
+
+    def current(self) -> LeaseRecord | None:
+        """The newest record (None: the folder never had a writer)."""
+        for generation in reversed(self._generations()):
+            data = self.store.get(self._key(generation))
+            if data is not None:
+                return LeaseRecord(**json.loads(data))
+        return None
+
+    # -- life cycle ------------------------------------------------------------------------
+    def acquire(self) -> "Lease":
+        for _ in range(5):  # lose a race for a generation a few times at most
+            now = time.time()
+            cur = self.current()
+            if cur is not None and not cur.stale(now):
+                raise OutputLockedError(
+                    f"{self.store.root} is being written by {cur.holder}, its heartbeat "
+                    f"{max(0.0, now - cur.heartbeat_at):.0f} s ago: wait for it to finish; a dead holder's lease "
+                    f"is taken over once its heartbeat is {cur.ttl_s:.0f} s old")
+            rec = LeaseRecord(generation=(cur.generation if cur else 0) + 1, run_id=self.run_id,
+                              host=socket.gethostname(), pid=os.getpid(), acquired_at=now, heartbeat_at=now,
+                              ttl_s=self.ttl_s)
+            if self.store.create(self._key(rec.generation), json.dumps(asdict(rec)).encode()):
+                self.record, self.took_over = rec, (cur if cur is not None and not cur.released else None)
+                for old in self._generations():
+                    if old < rec.generation:
+                        self.store.delete(self._key(old))
+                return self
+        raise OutputLockedError(f"{self.store.root}: other writers keep taking its lease; try again")
+
+    def check(self) -> None:
+        """Raise OutputLockedError unless this lease is still the folder's newest, live record."""
+        cur = self.current()
+        if self.record is None or cur is None or cur.generation != self.record.generation \
+                or cur.run_id != self.run_id:
+            holder = cur.holder if cur is not None else "nobody"
+            raise OutputLockedError(f"this run lost the lease of {self.store.root} to {holder} (its heartbeat "
+                                    "stopped for longer than the lease ttl); nothing more was committed")
+
+    def heartbeat(self) -> None:
+        self.check()
+        assert self.record is not None
+        self.record = replace(self.record, heartbeat_at=time.time())
+        self.store.put(self._key(self.record.generation), json.dumps(asdict(self.record)).encode())
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.record is None:
+            return
+        try:
+            self.check()
+        except OutputLockedError:
+            return  # taken over: the record is someone else's now
+        self.store.put(self._key(self.record.generation),
+                       json.dumps(asdict(replace(self.record, released=True))).encode())
+        self.record = None
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.ttl_s / 3):
+            try:
+                self.heartbeat()
+            except OutputLockedError as exc:
+                log.error("%s", exc)
+                if self.on_lost is not None:
+                    self.on_lost(exc)
+                return
+            except OSError as exc:  # the folder failed: the next beat tries again, the ttl decides
+                log.warning("lease heartbeat failed: %s", exc)
+
+    def __enter__(self) -> "Lease":
+        self.acquire()
+        self._thread = threading.Thread(target=self._beat, name="modalign-lease", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -1,0 +1,75 @@
+"""The few storage operations the commit log and the lease need, on a local folder.
+
+Each maps to one object-store call, so an S3 version (conditional writes, ``If-None-Match``)
+is a drop-in for object storage:
+
+| here | S3 |
+| --- | --- |
+| ``create(key, data)``: write only if absent, all or nothing | ``PUT`` with ``If-None-Match: *`` (412 when it exists) |
+| ``put(key, data)``: replace atomically | ``PUT`` |
+| ``get(key)`` | ``GET`` (None on 404) |
+| ``list(prefix)`` | ``ListObjectsV2`` |
+| ``delete(key)`` | ``DELETE`` |
+
+On a local folder ``create`` writes a fsynced temporary file and hard-links it to the key
+(``link`` fails when the name exists, atomically on every POSIX file system), then fsyncs
+the folder, so a created key survives a crash and is never seen half-written.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from modalign.schemas.files import atomic_write, fsync_dir
+
+
+class LocalStore:
+    """Keys are ``/``-separated paths relative to ``root``."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+
+    def path(self, key: str) -> Path:
+        return self.root / key
+
+    def create(self, key: str, data: bytes) -> bool:
+        """Write ``key`` only if it does not exist; False (nothing written) when it does."""
+        path = self.path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+        finally:
+            tmp.unlink(missing_ok=True)
+        fsync_dir(path.parent)
+        return True
+
+    def put(self, key: str, data: bytes) -> None:
+        """Replace ``key`` atomically (readers see the old or the new bytes)."""
+        path = atomic_write(self.path(key), lambda tmp: Path(tmp).write_bytes(data))
+        fsync_dir(path.parent)
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return self.path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def list(self, prefix: str) -> list[str]:
+        """Keys of the files directly under the folder ``prefix``, sorted (temporary files left out)."""
+        folder = self.path(prefix)
+        if not folder.is_dir():
+            return []
+        return sorted(f"{prefix}/{p.name}" for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+
+    def delete(self, key: str) -> None:
+        self.path(key).unlink(missing_ok=True)

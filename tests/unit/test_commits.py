@@ -1,0 +1,133 @@
+"""The commit log, the lease and the store under them (pipeline/commits.py, lease.py, store.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from modalign.pipeline.commits import CommitLog, sweep
+from modalign.pipeline.lease import Lease, LeaseRecord
+from modalign.pipeline.store import LocalStore
+from modalign.schemas.errors import OutputLockedError
+
+
+def test_create_writes_only_if_absent_and_one_of_racing_writers_wins(tmp_path):
+    store = LocalStore(tmp_path)
+    assert store.create("a/k.json", b"first") and not store.create("a/k.json", b"second")
+    assert store.get("a/k.json") == b"first"
+    wins = []
+    threads = [threading.Thread(target=lambda i=i: wins.append(store.create("race.json", str(i).encode())))
+               for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wins.count(True) == 1 and store.get("race.json").decode() in {str(i) for i in range(8)}
+    assert store.list("a") == ["a/k.json"]  # no temporary file is left or listed
+    assert not [p for p in tmp_path.rglob(".*")]
+
+
+def test_a_commit_replaces_its_sessions_and_carries_the_others(tmp_path):
+    log = CommitLog.of(tmp_path)
+    assert log.latest() is None
+    v1 = log.commit(None, run_id="r1", sessions={"a": {"run_id": "r1", "files": ["records/a/r1.parquet"]},
+                                                 "b": {"run_id": "r1", "files": ["records/b/r1.parquet"]}},
+                    shared=["index/m__frame-r1.faiss"], summary={"run_id": "r1"})
+    v2 = log.commit(v1, run_id="r2", sessions={"a": {"run_id": "r2", "files": ["records/a/r2.parquet"]}},
+                    shared=[], summary={"run_id": "r2"})
+    latest = log.latest()
+    assert (latest.version, latest.summary) == (2, {"run_id": "r2"}) and latest == v2
+    assert latest.files() == {"records/a/r2.parquet", "records/b/r1.parquet"}
+    assert latest.under("records") == ["records/a/r2.parquet", "records/b/r1.parquet"]
+    with pytest.raises(OutputLockedError, match="committed version 2"):  # a writer that did not see v2
+        log.commit(v1, run_id="r3", sessions={}, shared=[], summary={})
+    assert log.latest() == v2
+
+
+def test_only_the_last_records_are_kept(tmp_path):
+    log = CommitLog.of(tmp_path)
+    snap = None
+    for i in range(25):
+        snap = log.commit(snap, run_id=f"r{i}", sessions={}, shared=[], summary={})
+    assert log.versions() == list(range(6, 26)) and log.latest().version == 25
+
+
+def test_sweep_removes_only_uncommitted_files_of_ours(tmp_path):
+    keep = {"records/s/aaaa.parquet", "index/m__frame-aaaa.faiss"}
+    mine = ["records/s/bbbb.parquet", "records/s/.bbbb.parquet.0123.tmp", "ctal/jsonl/s/bbbb.jsonl",
+            "index/m__frame-bbbb.faiss"]
+    users = ["records/notes.txt", "elsewhere/x.parquet"]
+    for rel in [*keep, *mine, *users]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x")
+    assert sweep(tmp_path, keep, ["records", "ctal/jsonl", "index"]) == len(mine)
+    assert all((tmp_path / r).exists() for r in [*keep, *users]) and not any((tmp_path / r).exists() for r in mine)
+    assert not (tmp_path / "ctal" / "jsonl").exists()  # emptied folders go
+
+
+def _record(store: LocalStore, **kw) -> None:
+    rec = dict(generation=1, run_id="f" * 32, host="other-host", pid=1, acquired_at=time.time(),
+               heartbeat_at=time.time(), ttl_s=30.0, released=False)
+    rec.update(kw)
+    store.create(f"_modalign/lease/out/g{rec['generation']:020d}.json", json.dumps(rec).encode())
+
+
+def test_a_second_writer_is_refused_naming_the_holder(tmp_path):
+    store = LocalStore(tmp_path)
+    with Lease(store, "a" * 32):
+        with pytest.raises(OutputLockedError, match=r"being written by run aaaaaaaaaaaa \(pid \d+ on .*heartbeat"):
+            Lease(store, "b" * 32).acquire()
+    with Lease(store, "b" * 32) as second:  # released: the next writer gets it, with a new generation
+        assert second.record.generation == 2 and second.took_over is None
+
+
+def test_a_live_remote_holder_blocks_and_a_stale_one_is_taken_over(tmp_path):
+    store = LocalStore(tmp_path)
+    _record(store, generation=1)
+    with pytest.raises(OutputLockedError, match="on other-host"):
+        Lease(store, "b" * 32).acquire()
+    _record(store, generation=2, heartbeat_at=time.time() - 31)  # its heartbeat stopped a ttl ago
+    lease = Lease(store, "b" * 32).acquire()
+    assert lease.record.generation == 3 and lease.took_over.host == "other-host"
+    assert [k.rsplit("/", 1)[1] for k in store.list("_modalign/lease/out")] == [f"g{3:020d}.json"]
+
+
+def test_a_holder_on_this_host_whose_process_died_is_taken_over_at_once(tmp_path):
+    import socket
+
+    store = LocalStore(tmp_path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    _record(store, host=socket.gethostname(), pid=dead.pid)
+    lease = Lease(store, "b" * 32).acquire()
+    assert lease.took_over.pid == dead.pid
+
+
+def test_a_holder_that_was_taken_over_learns_it_and_cannot_commit(tmp_path):
+    store = LocalStore(tmp_path)
+    old = Lease(store, "a" * 32, ttl_s=2).acquire()
+    old.check()
+    stale = LeaseRecord(**{**json.loads(store.get(old._key(1))), "heartbeat_at": time.time() - 10})
+    store.put(old._key(1), json.dumps(stale.__dict__).encode())  # as if its process had paused for 10 s
+    new = Lease(store, "b" * 32).acquire()
+    with pytest.raises(OutputLockedError, match="lost the lease .* to run bbbbbbbbbbbb"):
+        old.check()
+    with pytest.raises(OutputLockedError):
+        old.heartbeat()
+    old.release()  # does not touch the new holder's record
+    new.check()
+
+
+def test_the_heartbeat_keeps_a_lease_alive_past_its_ttl(tmp_path):
+    store = LocalStore(tmp_path)
+    with Lease(store, "a" * 32, ttl_s=2.0) as lease:
+        time.sleep(3.0)
+        rec = lease.current()
+        assert rec.run_id == "a" * 32 and time.time() - rec.heartbeat_at < 2.0
+        with pytest.raises(OutputLockedError):
+            Lease(store, "b" * 32).acquire()
