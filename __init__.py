@@ -33,7 +33,9 @@ def run(
 
     ``config`` is a ``RunConfig``, a dict of its fields, or a YAML/JSON file; the result is
     the run summary that ``OUT/run.json`` also holds. Raises ``ConfigError`` before any
-    work when the input or config is invalid.
+    work when the input or config is invalid, ``OutputLockedError`` when another run is
+    writing ``out``, ``EnvironmentFaultError`` when the machine fails (OUT read-only or full,
+    a dead aligner); then nothing is committed and ``out`` is as it was.
     """
     from modalign.pipeline.runner import run as _run
 
@@ -41,7 +43,7 @@ def run(
 
 
 def open(out: str | PathLike) -> "Output":  # noqa: A001 - the public name is modalign.open
-    """The output folder of a run: its sessions and its tables as Arrow datasets."""
+    """The output folder of a run as of its latest commit: sessions and tables as Arrow datasets."""
     from modalign.pipeline.outputs import Output
 
     return Output(out)

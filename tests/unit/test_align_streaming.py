@@ -284,3 +284,19 @@ def test_a_tick_waits_for_the_events_that_decide_its_competitor():
         streamed.poll()
     got = {r["tick_index"]: r["event_id"] for r in streamed.finish().records.to_pylist()}
     assert (got[0], got[1], got[2], got[6]) == ("e1", "e2", "e3", "e5")
+
+
+def test_a_source_cut_short_shows_its_missing_time_as_gaps():
+    """Defect: a source whose worker died mid-way ended the timeline at its last event ('0 gaps')."""
+    cfg = AlignConfig(tick_hz=25)
+    al = TickAligner("s", cfg, trace_id=TRACE)
+    al.register("cam", "video", _lineage("cam"), ClockMapping())
+    al.add("cam", _table([f"c{i}" for i in range(25)], [i * 40_000_000 for i in range(25)]))  # 1 s of 4 s
+    al.expect_until("cam", 4_000_000_000)
+    al.finish_source("cam")
+    res = al.finish()
+    assert res.ticks == 100  # the whole recording, not the part that arrived
+    decisions = res.records.column("decision").to_pylist()
+    assert decisions[:25] == ["matched"] * 25 and decisions[25:] == ["gap"] * 75
+    gaps = res.ctal.filter(pc.equal(res.ctal.column("decision"), "gap"))
+    assert gaps.num_rows == 75 and res.summary.column("gaps").to_pylist() == [75]

@@ -26,11 +26,12 @@ def test_user_regions_become_roi_rows_beside_face_boxes(tmp_path):
         "face_boxes": pa.array([[{"x0": 260, "y0": 70, "x1": 330, "y1": 150, "score": 0.9}]], pa.list_(arrow_type(Box))),
     })
     screen = (10, 10, 180, 120)
-    emb = Embedder(RunConfig(embed=EmbedConfig(roi_boxes=[screen])), tmp_path)
+    emb = Embedder(RunConfig(embed=EmbedConfig(roi_boxes=[screen])), tmp_path, "a1")
     lineage = dict(session_id="s", source_id="cam", source_uri="file:///cam.mp4", source_version="sha256:0",
                    operators="video_frames@0.2.0;face_blur@0.2.0", policy="p@1", model_id=None)
     res = emb.embed("video", table, lineage, part=0)
     assert res["granularities"] == {"frame": 1, "roi": 2}
+    assert sorted(res["files"]) == [f"features/{res['model_id']}/{g}/s/cam-a1-00000.parquet" for g in ("frame", "roi")]
     rows = ds.dataset(tmp_path / "features", format="parquet").to_table()
     assert rows.schema == FeatureRow.schema()
     rois = [r for r in rows.to_pylist() if r["granularity"] == "roi"]
