@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from modalign.pipeline.store import LocalStore
-from modalign.schemas.errors import OutputLockedError
+from modalign.schemas.errors import ConfigError, OutputLockedError
 
 LOG_PREFIX = "_modalign/commits"
 FORMAT = 1
@@ -71,6 +71,9 @@ class Snapshot:
     @classmethod
     def from_json(cls, data: bytes) -> "Snapshot":
         d = json.loads(data)
+        if d.get("format", 0) > FORMAT:
+            raise ConfigError(f"commit {d.get('version')} was written by a newer modalign (format {d['format']}, "
+                              f"this one reads {FORMAT}); upgrade modalign to read or write this folder")
         return cls(version=d["version"], run_id=d["run_id"], committed_at=d["committed_at"],
                    sessions=d["sessions"], shared=tuple(d["shared"]), summary=d["summary"])
 

@@ -40,7 +40,7 @@ from modalign.pipeline.worker import lineage_row, source_lineage
 from modalign.schemas.arrow import rows_to_table
 from modalign.schemas.config import RunConfig
 from modalign.schemas.environment import key_store_dir, ray_temp_dir
-from modalign.schemas.errors import (ConfigError, EnvironmentFaultError, InputError, ModalignError,
+from modalign.schemas.errors import (ConfigError, EnvironmentFaultError, InputError, ModalignError, OutputLockedError,
                                      QuarantineReason)
 from modalign.schemas.files import fsync_dir, stat_version
 from modalign.schemas.tables import LineageColumns, QuarantineRow, SourceLineageRow
@@ -148,7 +148,7 @@ class Runner:
                 summary = self._run(sessions)
                 committed = self._commit(lease, commits, base, summary)
             finally:
-                if committed is None:  # nothing of this attempt is listed anywhere: remove it now
+                if committed is None and self._holds(lease):  # nothing of this attempt is listed: remove it
                     self._sweep(base.files() if base else set(), quietly=True)
             write_json(self.layout.run_json, summary)
             self._sweep(committed.files())
@@ -263,6 +263,15 @@ class Runner:
             if fault is None:
                 raise
             raise fault from None
+
+    @staticmethod
+    def _holds(lease: Lease) -> bool:
+        """Whether this run still holds OUT (a run that lost its lease must not touch the new holder's files)."""
+        try:
+            lease.check()
+        except (OutputLockedError, OSError):
+            return False
+        return True
 
     def _halt(self, reason: ModalignError) -> None:
         """Stop the run from another thread (the lease was lost): streams stop at their next item."""

@@ -131,3 +131,12 @@ def test_the_heartbeat_keeps_a_lease_alive_past_its_ttl(tmp_path):
         assert rec.run_id == "a" * 32 and time.time() - rec.heartbeat_at < 2.0
         with pytest.raises(OutputLockedError):
             Lease(store, "b" * 32).acquire()
+
+
+def test_a_commit_of_a_newer_format_is_refused_not_misread(tmp_path):
+    from modalign.schemas.errors import ConfigError
+
+    LocalStore(tmp_path).create("_modalign/commits/v00000000000000000001.json",
+                                json.dumps({"format": 99, "version": 1}).encode())
+    with pytest.raises(ConfigError, match="newer modalign \\(format 99"):
+        CommitLog.of(tmp_path).latest()
