@@ -126,9 +126,10 @@ class Runner:
             return int(ray.cluster_resources().get("CPU", 1))
         if rt.address:
             ray.init(address=rt.address, log_to_driver=False)
-        else:
-            ray.init(num_cpus=rt.num_cpus or os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False, _temp_dir=str(ray_temp_dir(rt.ray_temp_dir)))
+        else:  # loopback only, in the private temp folder, after reaping what killed runs left there
+            from modalign.pipeline.local_ray import start_local_ray
+
+            start_local_ray(rt.num_cpus or os.cpu_count() or 2, ray_temp_dir(rt.ray_temp_dir))
         return int(ray.cluster_resources().get("CPU", 1))
 
     # -- the run -----------------------------------------------------------------------
