@@ -30,6 +30,8 @@ import errno
 import json
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,6 +150,18 @@ def write_fault(exc: OSError, path: Path) -> EnvironmentFaultError | None:
         return None
     return EnvironmentFaultError(f"cannot write {path} ({exc.strerror}); the output folder is read-only, full or "
                                  "failing: fix it and re-run")
+
+
+@contextmanager
+def storage_faults(path: Path) -> Iterator[None]:
+    """Re-raise an OSError of writing ``path`` as the ``EnvironmentFaultError`` it is (others as they are)."""
+    try:
+        yield
+    except OSError as exc:
+        fault = write_fault(exc, path)
+        if fault is None:
+            raise
+        raise fault from None
 
 
 def write_table(path: Path, table: pa.Table) -> Path:

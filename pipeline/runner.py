@@ -33,7 +33,8 @@ from modalign.pipeline.commits import CommitLog, Snapshot, sweep
 from modalign.pipeline.discovery import Session, discover
 from modalign.pipeline.items import (ClockItem, DoneItem, EmbedItem, FaultItem, Item, MetaItem, QuarantineItem,
                                      SourceItem, SourceJob)
-from modalign.pipeline.layout import OutputLayout, attempt_of, check_writable, write_fault, write_json, write_table
+from modalign.pipeline.layout import (OutputLayout, attempt_of, check_writable, storage_faults, write_json,
+                                      write_table)
 from modalign.pipeline.lease import Lease
 from modalign.pipeline.store import LocalStore
 from modalign.pipeline.worker import lineage_row, source_lineage
@@ -151,7 +152,8 @@ class Runner:
             finally:
                 if committed is None and self._holds(lease):  # nothing of this attempt is listed: remove it
                     self._sweep(base.files() if base else set(), quietly=True)
-            write_json(self.layout.run_json, summary)
+            with storage_faults(self.layout.run_json):
+                write_json(self.layout.run_json, summary)
             self._sweep(committed.files())
         return summary
 
@@ -225,7 +227,7 @@ class Runner:
         carried = {sid: s for sid, s in (base.sessions.items() if base else ()) if sid not in sessions}
         features = sorted(f for s in [*sessions.values(), *carried.values()] for f in s["files"]
                           if f.startswith("features/"))
-        try:
+        with storage_faults(self.out):
             indexes = build_indexes(self.layout, features, self.attempt)
             summary["indexes"] = indexes
             shared = [ix["path"] for ix in indexes]
@@ -234,11 +236,6 @@ class Runner:
                 fsync_dir(folder)
             lease.check()  # the fence: a writer that lost its lease must not commit
             snap = commits.commit(base, run_id=self.run_id, sessions=sessions, shared=shared, summary=summary)
-        except OSError as exc:
-            fault = write_fault(exc, self.out)
-            if fault is None:
-                raise
-            raise fault from None
         self.progress(f"commit {snap.version} of {self.out}: {len(snap.files())} files, "
                       f"{len(sessions)} session(s) written, {len(carried)} kept")
         return snap
@@ -255,15 +252,13 @@ class Runner:
 
     def _sweep(self, keep: set[str], quietly: bool = False) -> int:
         try:
-            return sweep(self.out, keep, self.layout.data_folders())
-        except OSError as exc:
-            if quietly:  # already failing (read-only OUT): the next run sweeps
-                log.warning("could not remove uncommitted files of run %s: %s", self.run_id[:8], exc)
-                return 0
-            fault = write_fault(exc, self.out)
-            if fault is None:
+            with storage_faults(self.out):
+                return sweep(self.out, keep, self.layout.data_folders())
+        except EnvironmentFaultError as exc:
+            if not quietly:
                 raise
-            raise fault from None
+            log.warning("could not remove uncommitted files of run %s: %s", self.run_id[:8], exc.message)
+            return 0  # already failing (read-only OUT): the next run sweeps
 
     @staticmethod
     def _holds(lease: Lease) -> bool:
@@ -490,13 +485,8 @@ class Runner:
         sid = st.session.manifest.session_id
         for path, row, rows in ((self.layout.quarantine(sid, self.attempt), QuarantineRow, st.quarantine),
                                 (self.layout.lineage_sources(sid, self.attempt), SourceLineageRow, st.lineage)):
-            try:
+            with storage_faults(path):
                 write_table(path, rows_to_table(row, [r.model_dump(mode="json") for r in rows]))
-            except OSError as exc:
-                fault = write_fault(exc, path)
-                if fault is None:
-                    raise
-                raise fault from None
             if rows:
                 st.files.add(self.layout.relative(path))
         self.counts["quarantined"] += len(st.quarantine)

@@ -23,7 +23,7 @@ from modalign.operators.ingest.base import SourceContext
 from modalign.operators.modalities import DeidContext, ModalityPlan, plan_for
 from modalign.pipeline.items import (ClockItem, DoneItem, EmbedItem, FaultItem, Item, MetaItem, QuarantineItem,
                                      SourceItem, SourceJob)
-from modalign.pipeline.layout import OutputLayout, attempt_of, with_lineage, write_fault, write_table
+from modalign.pipeline.layout import OutputLayout, attempt_of, storage_faults, with_lineage, write_table
 from modalign.schemas.config import RunConfig
 from modalign.schemas.errors import ComplianceError, EnvironmentFaultError, InputError, QuarantineReason
 from modalign.schemas.files import SeekableHashingReader, sha256_file
@@ -160,13 +160,8 @@ class IngestWorker:
                 self._count(plan, clean, deid, counts)
                 stored = with_lineage(plan.to_events(clean, self.config), columns, plan.event_row.schema())
                 path = self.layout.events(plan.event_row, job.session_id, job.spec.id, attempt_of(job.run_id), part)
-                try:
+                with storage_faults(path):  # OUT read-only or full: the machine's fault, not the input's
                     write_table(path, stored)
-                except OSError as exc:  # OUT is read-only or full: the machine's fault, not the input's
-                    fault = write_fault(exc, path)
-                    if fault is None:
-                        raise
-                    raise fault from None
                 part += 1
                 events += clean.num_rows
                 yield MetaItem(clean.select(list(plan.meta_columns)), self.layout.relative(path))

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -35,9 +36,9 @@ VOLATILE = {"run_id", "trace_id", "latency_ms"}
 SECONDS = 8.0
 
 
-def _rows(out: Path, name: str, where=None) -> Counter:
+def _rows(out: Path | modalign.pipeline.outputs.Output, name: str, where=None) -> Counter:
     """The committed rows of one table as a multiset (volatile columns left out)."""
-    t = modalign.open(out).table(name).to_table()
+    t = (modalign.open(out) if isinstance(out, Path) else out).table(name).to_table()
     keep = [c for c in t.column_names if c not in VOLATILE]
     rows = [json.dumps(r, sort_keys=True, default=str) for r in t.select(keep).to_pylist()
             if where is None or where(r)]
@@ -50,7 +51,32 @@ def _diff(a: Counter, b: Counter) -> tuple[int, int]:
 
 
 def _tables(out: Path, where=None) -> dict[str, Counter]:
-    return {name: _rows(out, name, where) for name in TABLES}
+    """Every committed table of one commit (the folder is opened once)."""
+    output = modalign.open(out)
+    return {name: _rows(output, name, where) for name in TABLES}
+
+
+@contextmanager
+def _reading(out: Path, expected: dict[str, Counter]):
+    """A user reading OUT in a loop meanwhile; yields (commit version, (lost, extra) per table) per read."""
+    reads: list[tuple[int, dict]] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                version = modalign.open(out).version
+                reads.append((version, {k: _diff(expected[k], v) for k, v in _tables(out).items()}))
+            except FileNotFoundError:  # a commit's files removed under a reader that opened it: it re-opens
+                continue
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        yield reads
+    finally:
+        stop.set()
+        t.join()
 
 
 def _assert_same(expected: dict[str, Counter], out: Path, where=None) -> dict[str, tuple[int, int]]:
@@ -188,30 +214,16 @@ def test_sigkill_of_the_driver_mid_rerun_leaves_the_old_commit(clean, session, t
     out0, expected = clean
     out = _copy(out0, tmp_path)
     old = modalign.open(out).snapshot.files()
-    reads: list[dict] = []
-    stop = threading.Event()
-
-    def reader() -> None:  # a user reading OUT while it is re-run: every read is one whole commit
-        while not stop.is_set():
-            try:
-                reads.append({k: _diff(expected[k], v) for k, v in _tables(out).items()})
-            except FileNotFoundError:  # a commit's files removed under a reader that opened it: it re-opens
-                continue
-
+    version = modalign.open(out).version
     driver = _start(session, out, tmp_path / "keys")
-    t = threading.Thread(target=reader)
-    t.start()
-    try:
+    with _reading(out, expected) as reads:  # a user reading OUT while it is re-run and killed
         _wait_for(lambda: _new_parts(out, old), what="the re-run's first events part")
         kids = _descendants(driver.pid)
         driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=30)
-    finally:
-        stop.set()
-        t.join()
     _reap(driver, kids)
     assert _new_parts(out, old)  # the killed attempt did write files: none of them is visible
-    assert reads and all(all(d == (0, 0) for d in r.values()) for r in reads)
+    assert reads and all(v == version and all(d == (0, 0) for d in r.values()) for v, r in reads)
     _assert_same(expected, out)
     assert modalign.open(out).run == modalign.open(out0).run  # run.json's commit, not the dead attempt's
 
@@ -220,7 +232,10 @@ def test_sigkill_of_the_driver_mid_rerun_leaves_the_old_commit(clean, session, t
     _wait_for(lambda: _lease_holder(out) == rerun.pid, what="the re-run's lease")
     with pytest.raises(OutputLockedError, match=f"being written by run .* \\(pid {rerun.pid} on "):
         Runner(RunConfig(key_store=tmp_path / "keys"), out).run(session)
-    assert rerun.wait(timeout=600) == 0, _stderr(rerun)[-3000:]
+    with _reading(out, expected) as reads:  # across the commit and the removal of the old files
+        assert rerun.wait(timeout=600) == 0, _stderr(rerun)[-3000:]
+    assert {v for v, _ in reads} <= {version, version + 1} and modalign.open(out).version == version + 1
+    assert reads and all(all(d == (0, 0) for d in r.values()) for _, r in reads)  # never a mix of the two
     _assert_same(expected, out)  # the crashed attempt's leftovers were swept, not committed
     _on_disk_is_committed(out)
 
