@@ -1,5 +1,11 @@
 """A hostile input corpus, generated in code (small: ~1 MB in all, ~2 s to write).
 
+Besides the media files below, the corpus lists the hostile paths, ids, configs and
+manifests (``ESCAPING_URIS``, ``BAD_TENANTS``, ``HOSTILE_CONFIGS``, ``HOSTILE_MANIFESTS``):
+tests/unit/test_discovery.py and test_bounds.py run each, the integration run adds escaping
+symlinks to the media folder, and tests/integration/test_environment_faults.py and
+test_kill_recovery.py hold the disk and process cases (they need mounts and processes).
+
 Each entry is a file that must end in one ``InputError`` with a known reason code, never
 a crash, a hang or an out-of-memory. ``CORPUS`` lists them with the operator that reads
 them and the code it must raise; ``runner_code`` is what the runner's quarantine row says
@@ -250,6 +256,48 @@ CORPUS: list[Hostile] = [
 ]
 
 
+# -- paths, ids, configs and manifests: each must fail before any work, naming the field ---------
+
+# Manifest uris that lead out of the manifest's folder ("link_out.wav" is a symlink to outside).
+ESCAPING_URIS = ["../../../../etc/passwd", "/etc/shadow", "file:///etc/hostname", "link_out.wav", "s3://bucket/x.wav"]
+
+BAD_TENANTS = ["../../..", "a/b", ".hidden", "x" * 200, ""]
+
+# (run config YAML, the dotted field the error must name)
+HOSTILE_CONFIGS = [
+    ("align: {tick_hz: 1.0e9}", "align.tick_hz"),
+    ("align: {tick_hz: .inf}", "align.tick_hz"),
+    ("align: {tick_hz: .nan}", "align.tick_hz"),
+    ("align: {tolerance_ms: {video: -5}}", "align.tolerance_ms.video"),
+    ("align: {tolerance_ms: {vidoe: 20}}", "align.tolerance_ms.vidoe"),
+    ("align: {allowed_lateness_ms: 1.0e12}", "align.allowed_lateness_ms"),
+    ("ingest: {video: {max_side: 100000}}", "ingest.video.max_side"),
+    ("ingest: {audio: {sample_rate_hz: 1}}", "ingest.audio.sample_rate_hz"),
+    ("ingest: {audio: {hop_ms: 50, win_ms: 25}}", "ingest.audio"),
+    ("ingest: {pdf: {ocr_workers: 100000}}", "ingest.pdf.ocr_workers"),
+    ("ingest: {max_file_bytes: 1.0e30}", "ingest.max_file_bytes"),
+    ("embed: {device: tpu}", "embed.device"),
+    ("embed: {roi_boxes: [[10, 10, 5, 5]]}", "embed.roi_boxes"),
+    ("runtime: {max_in_flight: 0}", "runtime.max_in_flight"),
+    ("runtime: {lease_ttl_s: 0.01}", "runtime.lease_ttl_s"),
+]
+
+# (the sources of a manifest, what the error must say)
+HOSTILE_MANIFESTS = [
+    ("  - {id: a, uri: a.wav, modality: audio, clock: {offset_ns: 1180591620717411303424}}\n",
+     "sources.0.clock.offset_ns"),
+    ("  - {id: a, uri: a.wav, modality: audio, clock: {skew_ppm: 1.0e9}}\n", "sources.0.clock.skew_ppm"),
+    ("  - {id: a, uri: a.wav, modality: audio, clock: {estimate_from: b}}\n"
+     "  - {id: b, uri: b.wav, modality: audio, clock: {estimate_from: a}}\n", "cycle: a -> b -> a"),
+    ("  - {id: a, uri: a.wav, modality: audio, clock: {verify_with: b}}\n"
+     "  - {id: b, uri: b.wav, modality: audio, clock: {estimate_from: c}}\n"
+     "  - {id: c, uri: c.wav, modality: audio, clock: {estimate_from: a}}\n", "cycle"),
+    ("  - {id: a, uri: a.wav, modality: audio, clock: {estimate_from: deck}}\n"
+     "  - {id: deck, uri: d.pdf, modality: pdf}\n", "is a PDF"),
+    ("  - {id: deck, uri: d.pdf, modality: pdf, page_schedule_ns: [0, 1.0e30]}\n", "sources.0.page_schedule_ns"),
+]
+
+
 def write_corpus(folder: Path) -> dict[str, Path]:
     """Write every ``CORPUS`` file into ``folder``; returns name -> path."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -260,4 +308,5 @@ def write_corpus(folder: Path) -> dict[str, Path]:
     return paths
 
 
-__all__ = ["CORPUS", "Hostile", "write_corpus", "write_wav", "write_h264", "minimal_pdf", "text_pdf"]
+__all__ = ["CORPUS", "Hostile", "write_corpus", "write_wav", "write_h264", "minimal_pdf", "text_pdf", "ESCAPING_URIS",
+           "BAD_TENANTS", "HOSTILE_CONFIGS", "HOSTILE_MANIFESTS"]

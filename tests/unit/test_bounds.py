@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from hostile_corpus import HOSTILE_CONFIGS, HOSTILE_MANIFESTS
 from modalign.pipeline.discovery import discover
 from modalign.schemas.config import RunConfig
 from modalign.schemas.errors import ConfigError
@@ -14,22 +15,7 @@ from modalign.schemas.load import load_model
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize("yaml_text, field", [
-    ("align: {tick_hz: 1.0e9}", "align.tick_hz"),
-    ("align: {tick_hz: .inf}", "align.tick_hz"),
-    ("align: {tick_hz: .nan}", "align.tick_hz"),
-    ("align: {tolerance_ms: {video: -5}}", "align.tolerance_ms.video"),
-    ("align: {tolerance_ms: {vidoe: 20}}", "align.tolerance_ms.vidoe"),
-    ("align: {allowed_lateness_ms: 1.0e12}", "align.allowed_lateness_ms"),
-    ("ingest: {video: {max_side: 100000}}", "ingest.video.max_side"),
-    ("ingest: {audio: {sample_rate_hz: 1}}", "ingest.audio.sample_rate_hz"),
-    ("ingest: {audio: {hop_ms: 50, win_ms: 25}}", "ingest.audio"),
-    ("ingest: {pdf: {ocr_workers: 100000}}", "ingest.pdf.ocr_workers"),
-    ("ingest: {max_file_bytes: 1.0e30}", "ingest.max_file_bytes"),
-    ("embed: {device: tpu}", "embed.device"),
-    ("embed: {roi_boxes: [[10, 10, 5, 5]]}", "embed.roi_boxes"),
-    ("runtime: {max_in_flight: 0}", "runtime.max_in_flight"),
-])
+@pytest.mark.parametrize("yaml_text, field", HOSTILE_CONFIGS)
 def test_out_of_bounds_config_names_the_field(tmp_path, yaml_text, field):
     (tmp_path / "c.yaml").write_text(yaml_text + "\n")
     with pytest.raises(ConfigError) as err:
@@ -42,18 +28,7 @@ def _manifest(tmp_path, body: str):
     return tmp_path / "m.yaml"
 
 
-@pytest.mark.parametrize("body, needle", [
-    ("  - {id: a, uri: a.wav, modality: audio, clock: {offset_ns: 1180591620717411303424}}\n", "sources.0.clock.offset_ns"),
-    ("  - {id: a, uri: a.wav, modality: audio, clock: {skew_ppm: 1.0e9}}\n", "sources.0.clock.skew_ppm"),
-    ("  - {id: a, uri: a.wav, modality: audio, clock: {estimate_from: b}}\n"
-     "  - {id: b, uri: b.wav, modality: audio, clock: {estimate_from: a}}\n", "cycle: a -> b -> a"),
-    ("  - {id: a, uri: a.wav, modality: audio, clock: {verify_with: b}}\n"
-     "  - {id: b, uri: b.wav, modality: audio, clock: {estimate_from: c}}\n"
-     "  - {id: c, uri: c.wav, modality: audio, clock: {estimate_from: a}}\n", "cycle"),
-    ("  - {id: a, uri: a.wav, modality: audio, clock: {estimate_from: deck}}\n"
-     "  - {id: deck, uri: d.pdf, modality: pdf}\n", "is a PDF"),
-    ("  - {id: deck, uri: d.pdf, modality: pdf, page_schedule_ns: [0, 1.0e30]}\n", "sources.0.page_schedule_ns"),
-])
+@pytest.mark.parametrize("body, needle", HOSTILE_MANIFESTS)
 def test_out_of_bounds_manifest_names_the_field(tmp_path, body, needle):
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.").replace(">", ">")):
         discover(_manifest(tmp_path, body))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from hostile_corpus import BAD_TENANTS, ESCAPING_URIS
 from modalign.pipeline.discovery import discover
 from modalign.schemas.errors import ConfigError
 
@@ -69,9 +70,6 @@ def test_a_manifest_is_parsed_once(tmp_path, monkeypatch):
 
 # -- containment: nothing outside the input root is read -------------------------------------
 
-ESCAPES = ["../../../../etc/passwd", "/etc/shadow", "file:///etc/hostname", "link_out.wav", "s3://bucket/x.wav"]
-
-
 @pytest.fixture
 def outside(tmp_path):
     """An input folder and, beside it, a file it must never reach (also through a symlink)."""
@@ -84,7 +82,7 @@ def outside(tmp_path):
     return root, elsewhere
 
 
-@pytest.mark.parametrize("uri", ESCAPES)
+@pytest.mark.parametrize("uri", ESCAPING_URIS)
 def test_a_manifest_source_outside_its_folder_stops_the_run_naming_the_field(outside, uri):
     root, _ = outside
     (root / "m.yaml").write_text("session_id: s\nsources:\n  - {id: ok, uri: ok.wav, modality: audio}\n"
@@ -115,7 +113,7 @@ def test_allowed_roots_and_harmless_dots_are_accepted(outside):
                                                                        (elsewhere / "secret.wav").resolve()]
 
 
-@pytest.mark.parametrize("tenant", ["../../..", "a/b", ".hidden", "x" * 200, ""])
+@pytest.mark.parametrize("tenant", BAD_TENANTS)
 def test_tenant_is_validated_like_every_id(tmp_path, tenant):
     (tmp_path / "m.yaml").write_text(f"session_id: s\ntenant: '{tenant}'\nsources:\n"
                                      "  - {id: a, uri: a.wav, modality: audio}\n")
