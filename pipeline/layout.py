@@ -29,6 +29,7 @@ from __future__ import annotations
 import errno
 import json
 import re
+import secrets
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -133,7 +134,8 @@ def check_writable(root: Path, min_free_bytes: int) -> None:
     """Fail before any work when OUT cannot take the run: read-only, not ours, or nearly full."""
     try:
         root.mkdir(parents=True, exist_ok=True)
-        probe = atomic_write(root / ".modalign-write-probe", lambda tmp: Path(tmp).write_bytes(b"ok"))
+        name = f".modalign-write-probe-{secrets.token_hex(6)}"  # own name: two runs starting at once must not race
+        probe = atomic_write(root / name, lambda tmp: Path(tmp).write_bytes(b"ok"))
         probe.unlink()
         free = shutil.disk_usage(root).free
     except OSError as exc:
