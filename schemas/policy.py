@@ -50,6 +50,11 @@ class FacePolicy(_Strict):
     pad_ratio: float = Field(0.25, ge=0.0, le=2.0, description="box padding, fraction of box size on each side")
     blur_sigma_ratio: float = Field(0.15, gt=0.0, description="Gaussian sigma as a fraction of the box's larger side")
     temporal_window: int = Field(2, ge=0, description="a face box also covers this many frames before and after")
+    track_hold_s: float = Field(
+        0.5, ge=0.0, le=10.0,
+        description="a tracked face keeps a box that moves with it until it has been missed for this long (and in "
+                    "3 frames in a row); 0: no tracking",
+    )
     tiles: int = Field(
         2, ge=1, le=4,
         description="also detect on an n x n grid of overlapping tiles (faces down to ~50 px in 720p); 1: whole frame only",

@@ -19,7 +19,11 @@ Temporal consistency: a face detected in frame ``i`` is also anonymised in frame
 operator keeps one small piece of state across calls for this: the detections of the last
 ``temporal_window`` frames of the previous table, which also cover the first frames of
 the next table of the same stream (same ``event_id`` prefix, later ``t_ns``). Look-ahead
-does not cross a table boundary. Call ``reset()`` between unrelated streams.
+does not cross a table boundary. Forward in time, faces are also tracked
+(``modalign.operators.deid.face_tracks``, across tables of the stream): a face missed for
+longer than the window keeps a box that moves with it and widens, until it has been missed
+for ``FacePolicy.track_hold_s`` and in 3 frames in a row. Call ``reset()`` between unrelated
+streams.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from modalign.operators.base import OperatorConfig, TableOperator
+from modalign.operators.deid.face_tracks import FaceTracks, overlap
 from modalign.operators.dependencies import require
 from modalign.schemas.errors import ComplianceError, InputError
 from modalign.schemas.arrow import arrow_type
@@ -214,7 +219,7 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
     """
 
     kind = "face_blur"
-    version = "0.2.0"
+    version = "0.3.0"
     config_model = FaceBlurConfig
 
     def __init__(self, config: FaceBlurConfig | None = None) -> None:
@@ -222,6 +227,8 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
         self._detector: Any = None
         self._secret: bytes = b""
         self._carry: _Carry | None = None
+        self._tracks: FaceTracks | None = None
+        self._tracks_key: tuple | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
     def setup(self) -> None:
@@ -232,8 +239,9 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
         self._ready = True
 
     def reset(self) -> None:
-        """Forget the carried detections (call between unrelated streams)."""
+        """Forget the carried detections and the face tracks (call between unrelated streams)."""
         self._carry = None
+        self._tracks = self._tracks_key = None
 
     @property
     def detector_name(self) -> str:
@@ -273,7 +281,7 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
                 ) from None
             detected.append(_pad_clip(raw, pol.pad_ratio, w, h, pol.min_score))
 
-        applied = self._spread(table, detected, (h, w))
+        applied = self._track(table, detected, self._spread(table, detected, (h, w)), valid, (h, w))
         out = imgs.copy()  # new buffer: the input's (read-only) buffer is never written
         for i in range(n):
             for b in applied[i]:
@@ -314,6 +322,22 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
         else:
             self._carry = None
         return [_merge(p) for p in pools]
+
+    def _track(self, table: pa.Table, detected: list[list[BoxT]], applied: list[list[BoxT]], valid: np.ndarray,
+               shape: tuple[int, int]) -> list[list[BoxT]]:
+        """``applied`` plus the boxes of tracked faces each frame's detection missed."""
+        hold = self.config.face.track_hold_s
+        if hold <= 0:
+            return applied
+        key = (_stream_key(table)[0], shape)
+        if self._tracks is None or self._tracks_key != key:
+            self._tracks, self._tracks_key = FaceTracks(shape[1], shape[0], hold), key
+        times = _frame_times(table)
+        out = []
+        for i, boxes in enumerate(applied):
+            carried = self._tracks.step(times[i], _merge(detected[i])) if valid[i] else []  # one box a face
+            out.append(_merge(boxes + carried) if carried else boxes)
+        return out
 
     def _assemble(self, table: pa.Table, frames: pa.Array, applied: list[list[BoxT]], method: str) -> pa.Table:
         header = {"policy": self.config.policy_tag, "method": method, "detector": self.detector_name,
@@ -444,6 +468,14 @@ def _stream_key(table: pa.Table) -> tuple[str | None, int | None, int | None]:
     return stream, None, None
 
 
+def _frame_times(table: pa.Table, frame_ns: int = 40_000_000) -> list[int]:
+    """Time of each row: ``t_ns``, else ``frame_index`` (or the row) at 25 fps."""
+    for name, scale in (("t_ns", 1), ("frame_index", frame_ns)):
+        if name in table.column_names and table.column(name).null_count == 0:
+            return [int(v) * scale for v in table.column(name).to_pylist()]
+    return [i * frame_ns for i in range(table.num_rows)]
+
+
 def _pad_clip(raw: list[tuple[float, float, float, float, float]], pad: float, w: int, h: int, min_score: float) -> list[BoxT]:
     out = []
     for x0, y0, x1, y1, s in raw:
@@ -459,18 +491,6 @@ def _pad_clip(raw: list[tuple[float, float, float, float, float]], pad: float, w
     return out
 
 
-def _overlap(a: BoxT, b: BoxT) -> float:
-    """max(IoU, intersection over the smaller box): nested boxes count as overlapping."""
-    ix = max(0, min(a[2], b[2]) - max(a[0], b[0]))
-    iy = max(0, min(a[3], b[3]) - max(a[1], b[1]))
-    inter = ix * iy
-    if inter == 0:
-        return 0.0
-    aa = (a[2] - a[0]) * (a[3] - a[1])
-    ab = (b[2] - b[0]) * (b[3] - b[1])
-    return max(inter / (aa + ab - inter), inter / min(aa, ab))
-
-
 def _merge(boxes: list[BoxT]) -> list[BoxT]:
     """Union overlapping boxes (the same face in neighbouring frames) into one covering box."""
     boxes = sorted(set(boxes))
@@ -480,7 +500,7 @@ def _merge(boxes: list[BoxT]) -> list[BoxT]:
         for i in range(len(boxes)):
             for j in range(i + 1, len(boxes)):
                 a, b = boxes[i], boxes[j]
-                if _overlap(a, b) > MERGE_IOU:
+                if overlap(a, b) > MERGE_IOU:
                     u = (min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3]), max(a[4], b[4]))
                     boxes = [x for k, x in enumerate(boxes) if k not in (i, j)] + [u]
                     merged = True

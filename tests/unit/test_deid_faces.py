@@ -133,8 +133,9 @@ def test_missed_detection_inside_window_still_covered(op, canvas, blacked):
     assert np.array_equal(got[~inside], blacked[~inside])
 
 
-def test_window_zero_does_not_spread(op, canvas, blacked):
-    o = FaceBlurOperator(FaceBlurConfig(secret=SECRET, face=FacePolicy(temporal_window=0, tile_every=1)))
+def test_window_zero_without_tracking_does_not_spread(op, canvas, blacked):
+    o = FaceBlurOperator(FaceBlurConfig(secret=SECRET, face=FacePolicy(temporal_window=0, tile_every=1,
+                                                                       track_hold_s=0)))
     o._detector = op._detector
     o.setup()
     out = o.process(frames_table([canvas, blacked, canvas]))
@@ -143,6 +144,8 @@ def test_window_zero_does_not_spread(op, canvas, blacked):
 
 
 def test_boxes_carry_into_next_call(op, canvas, blacked):
+    op = FaceBlurOperator(FaceBlurConfig(secret=SECRET, face=FacePolicy(track_hold_s=0)))  # the window alone
+    op.setup()
     op.reset()
     op.process(frames_table([canvas, canvas], start=0))
     nxt = op.process(frames_table([blacked, blacked, blacked], start=2))
