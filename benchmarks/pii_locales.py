@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
 
     kinds = list(TEMPLATES)
-    print(f"| kind | all | " + " | ".join(LOCALES) + " |")
+    print("| kind | all | " + " | ".join(LOCALES) + " |")
     print("| --- " * (len(LOCALES) + 2) + "|")
     for kind in kinds:
         cells = [hits[(kind, loc)] for loc in LOCALES]
