@@ -148,7 +148,40 @@ _PHONE = re.compile(
 )
 
 
+# Any run of digits, spaces, dots, dashes, slashes and parentheses that may be a phone number,
+# with an optional extension ("x318", "ext. 12"); libphonenumber decides (``_plan_valid``).
+_PHONE_CANDIDATE = re.compile(
+    r"(?<![\w+])(?:\+|\b00)?\(?\d[\d ().\-/]{5,24}\d(?:[ ]?(?:x|ext\.?|#)[ ]?\d{1,6})?(?![\w])"
+)
+_PHONE_CONTEXT = re.compile(
+    r"(?i)\b(?:tel|telephone|phone|ph|mobile|mob|cell|fax|call|calls|ring|reach|dial|contact|whatsapp|sms|hotline|"
+    r"tlf|telefon|telefono|téléphone|portable|handy|numer|nummer|numéro|número)\b[\W\w]{0,24}$"
+)
+# A date (and maybe a time after it) at the start of a digit run: 2015-03-12 10, 17.09.1980
+_DATE_START = re.compile(r"(?:(?:19|20)\d{2}[./-][01]?\d[./-][0-3]?\d|[0-3]?\d[./-][01]?\d[./-](?:19|20)?\d{2})(?!\d)")
+_THOUSANDS = re.compile(r"\d{1,3}(?:[ .]\d{3})+")  # 1 234 567, 12.345.678: an amount
+_YEARS = re.compile(r"(?:19|20)\d{2}(?:[ ]?[-/][ ]?(?:19|20)\d{2})+")  # 1998-2015: copyright years
+_YEAR_ID = re.compile(r"(?:19|20)\d{2}[-/]\d+")  # 2024-4817: an id numbered by year
+# A document id right before the number ("Invoice 2024-4817", "Shipment ID 48213-5521", "Ref.")
+_ID_CONTEXT = re.compile(
+    r"(?i)\b(?:invoice|order|ticket|tickets|ref|reference|shipment|model|part|serial|version|release|item|case|"
+    r"claim|po|sku|batch|lot|no|nr|number|id|isbn|issn|doi)\b\.?[ :#]{0,3}$"
+)
+# Regions whose numbering plans a national-format number (no + prefix) is checked against.
+PHONE_REGIONS = ("DE", "AT", "CH", "NO", "SE", "DK", "FI", "IE", "GB", "FR", "BE", "NL", "LU", "ES", "PT", "IT",
+                 "PL", "CZ", "SK", "HU", "RO", "GR", "TR", "RU", "UA", "CN", "JP", "KR", "IN", "PK", "ID", "PH",
+                 "VN", "TH", "MY", "SG", "AU", "NZ", "US", "CA", "MX", "BR", "AR", "CL", "CO", "ZA", "NG", "KE",
+                 "EG", "IL", "AE", "SA")
+
+
 def _find_phones(text: str) -> Iterable[PiiSpan]:
+    """Phone numbers: the fixed formats of ``_PHONE``, and any digit run that is a valid number
+    of some numbering plan (libphonenumber) and either is written as one (an international
+    prefix, groups, parentheses) or follows a phone word ("Tel", "call", "Mobile"). Without a
+    phone word, runs that read as something else (``_not_a_phone_alone``) or follow a document-id
+    word ("Invoice", "Ref.", "Shipment ID") are not taken, and neither is anything that starts
+    with a date."""
+    found: list[tuple[int, int]] = []
     for m in _PHONE.finditer(text):
         s = m.group(0)
         digits = re.sub(r"\D", "", s.replace("(0)", ""))
@@ -159,7 +192,61 @@ def _find_phones(text: str) -> Iterable[PiiSpan]:
         else:
             ok = len(digits) == 10 and digits[0] not in "01"
         if ok:
+            found.append((m.start(), m.end()))
             yield PiiSpan(m.start(), m.end(), "phone", SCORES["phone"])
+    for m in _PHONE_CANDIDATE.finditer(text):
+        start, end = m.span()
+        cand = m.group(0)
+        if any(s < end and start < e for s, e in found) or _DATE_START.match(cand):
+            continue
+        context = bool(_PHONE_CONTEXT.search(text, max(0, start - 40), start))
+        written_as_phone = cand[0] in "+(" or cand.startswith("00") or bool(re.search(r"\d[ ./-]\d", cand))
+        if not (written_as_phone or context):
+            continue
+        if not context and (_not_a_phone_alone(cand) or _ID_CONTEXT.search(text, max(0, start - 16), start)):
+            continue
+        if _plan_valid(cand):
+            found.append((start, end))
+            yield PiiSpan(start, end, "phone", SCORES["phone"])
+
+
+def _not_a_phone_alone(candidate: str) -> bool:
+    """Digit runs that are something else unless a phone word precedes them: amounts (1 234 567),
+    spans of years (1998-2015), ids numbered by year (2024-4817), columns (two spaces in a
+    row), OIDs and versions (a one-digit group), hex dumps (two-digit groups without a trunk 0:
+    61 67 69 63)."""
+    if (_THOUSANDS.fullmatch(candidate) or _YEARS.fullmatch(candidate) or _YEAR_ID.fullmatch(candidate)
+            or "  " in candidate):
+        return True
+    if candidate.startswith(("+", "00")):
+        return False
+    groups = re.findall(r"\d+", re.sub(r"(?:x|ext\.?|#)[ ]?\d+$", "", candidate))
+    return any(len(g) == 1 for g in groups) or (len(groups) > 1 and all(len(g) == 2 for g in groups)
+                                                  and not candidate.startswith("0"))
+
+
+@lru_cache(maxsize=4096)
+def _plan_valid(candidate: str) -> bool:
+    """Whether ``candidate`` is a phone number: written internationally (``+``/``00``, 8-15
+    digits), or valid in the national plan of one of ``PHONE_REGIONS`` (8-15 digits)."""
+    from modalign.operators.dependencies import require
+
+    pn = require("phonenumbers")
+    number = re.sub(r"(?:x|ext\.?|#)[ ]?\d+$", "", candidate).strip()
+    digits = re.sub(r"\D", "", number)
+    if number.startswith("00"):
+        number, digits = "+" + number[2:], digits[2:]
+    if number.startswith("+"):  # written as an international number: a phone even off-plan (a typo, a fake)
+        return 8 <= len(digits) <= 15 and digits[0] != "0"
+    if not 8 <= len(digits) <= 15:
+        return False
+    for region in PHONE_REGIONS:
+        try:
+            if pn.is_valid_number(pn.parse(number, region)):
+                return True
+        except pn.NumberParseException:
+            continue
+    return False
 
 
 # OCR may read a check digit 0 as O and insert a stray dot between groups: both tolerated,
