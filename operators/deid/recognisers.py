@@ -59,7 +59,7 @@ from functools import lru_cache
 from typing import Any, Iterable, Mapping, NamedTuple
 
 
-RULES_VERSION = "regex@1"
+RULES_VERSION = "regex@2"  # 2: phones by numbering plans (libphonenumber)
 
 KINDS = ("person", "email", "phone", "iban", "card", "ip", "address", "date_of_birth", "national_id")
 # On overlap the more specific (checksummed) recogniser wins.
