@@ -653,7 +653,7 @@ def load_nlp() -> Any:
 
 @lru_cache(maxsize=1)
 def detector_name() -> str:
-    """``spacy-en_core_web_sm@<model version>+regex@1``, recorded in every deid header."""
+    """``spacy-en_core_web_sm@<model version>+regex@2``, recorded in every deid header."""
     nlp = load_nlp()
     return f"spacy-en_core_web_sm@{nlp.meta.get('version', '?')}+{RULES_VERSION}"
 
