@@ -59,7 +59,7 @@ def value(fake, kind: str) -> str | None:
     return None
 
 
-def found(text: str, start: int, end: int, spans) -> bool:
+def found(start: int, end: int, spans) -> bool:
     covered = set()
     for s in spans:
         covered.update(range(max(s.start, start), min(s.end, end)))
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 t = random.choice(templates)
                 text = t.format(v=v)
                 start = t.index("{v}")
-                ok = found(text, start, start + len(v), detect_batch([text])[0])
+                ok = found(start, start + len(v), detect_batch([text])[0])
                 cell = hits[(kind, loc)]
                 cell[0] += ok
                 cell[1] += 1

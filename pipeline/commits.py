@@ -33,13 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from modalign.pipeline.store import LocalStore
+from modalign.pipeline.store import LocalStore, Sequence
 from modalign.schemas.errors import ConfigError, OutputLockedError
 
 LOG_PREFIX = "_modalign/commits"
 FORMAT = 1
 KEEP_RECORDS = 20  # commit records kept for audit (the files of older ones are gone)
-_RECORD = re.compile(r"v([0-9]{20})\.json")
 
 
 @dataclass(frozen=True)
@@ -83,21 +82,21 @@ class CommitLog:
 
     def __init__(self, store: LocalStore) -> None:
         self.store = store
+        self.records = Sequence(store, LOG_PREFIX, "v")
 
     @classmethod
     def of(cls, out: Path | str) -> "CommitLog":
         return cls(LocalStore(out))
 
     def versions(self) -> list[int]:
-        return sorted(int(m.group(1)) for k in self.store.list(LOG_PREFIX)
-                      if (m := _RECORD.fullmatch(k.rsplit("/", 1)[-1])))
+        return self.records.numbers()
 
     def latest(self) -> Snapshot | None:
         """The committed state (None: nothing was ever committed here)."""
         versions = self.versions()
         if not versions:
             return None
-        data = self.store.get(_key(versions[-1]))
+        data = self.store.get(self.records.key(versions[-1]))
         return Snapshot.from_json(data) if data is not None else self.latest()  # pruned meanwhile
 
     def commit(self, parent: Snapshot | None, *, run_id: str, sessions: dict[str, dict[str, Any]],
@@ -111,16 +110,12 @@ class CommitLog:
         snap = Snapshot(version=(parent.version if parent else 0) + 1, run_id=run_id,
                         committed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                         sessions=merged, shared=tuple(sorted(shared)), summary=summary)
-        if not self.store.create(_key(snap.version), snap.to_json()):
+        if not self.store.create(self.records.key(snap.version), snap.to_json()):
             raise OutputLockedError(f"another writer committed version {snap.version} of {self.store.root} "
                                     "during this run; nothing of this run was committed: re-run")
         for old in self.versions()[:-KEEP_RECORDS]:
-            self.store.delete(_key(old))
+            self.store.delete(self.records.key(old))
         return snap
-
-
-def _key(version: int) -> str:
-    return f"{LOG_PREFIX}/v{version:020d}.json"
 
 
 # Files a writer may remove in OUT: its own kinds only, never anything else a user keeps there.

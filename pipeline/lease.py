@@ -22,21 +22,19 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
-from modalign.pipeline.store import LocalStore
+from modalign.pipeline.store import LocalStore, Sequence
 from modalign.schemas.errors import OutputLockedError
 
 log = logging.getLogger(__name__)
 
 LEASE_PREFIX = "_modalign/lease"
 DEFAULT_TTL_S = 30.0
-_GENERATION = re.compile(r"g([0-9]{20})\.json")
 
 
 @dataclass(frozen=True)
@@ -78,7 +76,7 @@ class Lease:
         self.store = store
         self.run_id = run_id
         self.ttl_s = ttl_s
-        self.prefix = f"{LEASE_PREFIX}/{name}"
+        self.records = Sequence(store, f"{LEASE_PREFIX}/{name}", "g")
         self.on_lost = on_lost
         self.record: LeaseRecord | None = None
         self.took_over: LeaseRecord | None = None  # the stale record this lease replaced
@@ -87,15 +85,11 @@ class Lease:
 
     # -- records ---------------------------------------------------------------------------
     def _key(self, generation: int) -> str:
-        return f"{self.prefix}/g{generation:020d}.json"
-
-    def _generations(self) -> list[int]:
-        return sorted(int(m.group(1)) for k in self.store.list(self.prefix)
-                      if (m := _GENERATION.fullmatch(k.rsplit("/", 1)[-1])))
+        return self.records.key(generation)
 
     def current(self) -> LeaseRecord | None:
         """The newest record (None: the folder never had a writer)."""
-        for generation in reversed(self._generations()):
+        for generation in reversed(self.records.numbers()):
             data = self.store.get(self._key(generation))
             if data is not None:
                 return LeaseRecord(**json.loads(data))
@@ -116,7 +110,7 @@ class Lease:
                               ttl_s=self.ttl_s)
             if self.store.create(self._key(rec.generation), json.dumps(asdict(rec)).encode()):
                 self.record, self.took_over = rec, (cur if cur is not None and not cur.released else None)
-                for old in self._generations():
+                for old in self.records.numbers():
                     if old < rec.generation:
                         self.store.delete(self._key(old))
                 return self

@@ -19,6 +19,7 @@ the folder, so a created key survives a crash and is never seen half-written.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -73,3 +74,21 @@ class LocalStore:
 
     def delete(self, key: str) -> None:
         self.path(key).unlink(missing_ok=True)
+
+
+class Sequence:
+    """Numbered records under one prefix of a store, ``PREFIX/<letter><n:020d>.json``: the commit
+    log's versions and the lease's generations. A record is created write-if-absent, so of two
+    writers that both want number ``n`` exactly one gets it."""
+
+    def __init__(self, store: LocalStore, prefix: str, letter: str) -> None:
+        self.store, self.prefix, self.letter = store, prefix, letter
+        self._name = re.compile(rf"{re.escape(letter)}([0-9]{{20}})\.json")
+
+    def key(self, n: int) -> str:
+        return f"{self.prefix}/{self.letter}{n:020d}.json"
+
+    def numbers(self) -> list[int]:
+        """The numbers present, ascending."""
+        return sorted(int(m.group(1)) for k in self.store.list(self.prefix)
+                      if (m := self._name.fullmatch(k.rsplit("/", 1)[-1])))
