@@ -99,15 +99,16 @@ class IngestWorker:
         ops = self.chain(plan.name, job.tenant)
         clock = job.spec.clock
         lineage = source_lineage(job, self.config.policy.tag, ";".join(op.tag for op in ops))
-        if job.spec.track_of is not None and not self._has_track(job):
-            yield DoneItem(lineage_row(job, lineage, clock, status="no_stream"))
-            return
         if job.roots and not any(job.path.resolve().is_relative_to(r) for r in job.roots):  # swapped since
             err = InputError("the source now resolves outside the input root (a symlink changed since discovery); "
                              "it was not read", source_uri=job.uri, stage="read",
                              code=QuarantineReason.PATH_OUTSIDE_ROOT)
             yield QuarantineItem(quarantine_row(job, job.version, err))
             yield DoneItem(lineage_row(job, lineage, clock, status="quarantined"))
+            return
+        has_stream, end_local_ns = self._probe(plan, job)
+        if job.spec.track_of is not None and not has_stream:
+            yield DoneItem(lineage_row(job, lineage, clock, status="no_stream"))
             return
         try:  # the decoder reads the source through this reader, which hashes it on the way: one read
             reader = SeekableHashingReader(job.path) if plan.reads_stream else None
@@ -124,7 +125,7 @@ class IngestWorker:
                 ctx, clock_item = self._clock(ctx, *job.reference)
                 clock = clock_item.mapping
                 yield clock_item
-            yield SourceItem(lineage, self._end_ns(plan, ctx))
+            yield SourceItem(lineage, None if end_local_ns is None else ctx.clock.to_session(end_local_ns))
             events, status, deid, counts = yield from self._batches(job, plan, ops, ctx, lineage)
             sha256 = self._content_hash(job, reader)
         except EnvironmentFaultError as exc:
@@ -190,18 +191,11 @@ class IngestWorker:
             return None
 
     @staticmethod
-    def _end_ns(plan: ModalityPlan, ctx: SourceContext) -> int | None:
-        """Where the recording ends on the session clock, from its header (documents: None)."""
-        from modalign.operators.ingest._av import declared_end_ns
+    def _probe(plan: ModalityPlan, job: SourceJob) -> tuple[bool, int | None]:
+        """(has the stream, local ns where it ends) from the container header; documents: (True, None)."""
+        from modalign.operators.ingest._av import probe_stream
 
-        end = declared_end_ns(ctx.path, plan.name) if plan.reads_stream else None
-        return None if end is None else ctx.clock.to_session(end)
-
-    @staticmethod
-    def _has_track(job: SourceJob) -> bool:
-        from modalign.operators.ingest._av import has_stream
-
-        return has_stream(job.path, job.spec.modality)
+        return probe_stream(job.path, plan.name) if plan.reads_stream else (True, None)
 
     def _clock(self, ctx: SourceContext, ref_path: Path, ref_clock: ClockMapping) -> tuple[SourceContext, ClockItem]:
         """Estimate (or verify) the source's clock against a reference recording, in this process.

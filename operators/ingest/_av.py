@@ -141,24 +141,14 @@ def check_truncated(ctx: SourceContext, stage: str, container: Any, stream: Any,
                             code="truncated", end_local_ns=end)
 
 
-def has_stream(path: Path, kind: str) -> bool:
-    """Whether the container at ``path`` has a stream of ``kind`` (``audio | video``); False when
-    it cannot be opened (the source operator then reports why)."""
-    av = require("av")
-    try:
-        with av.open(str(path)) as container:
-            return bool(getattr(container.streams, kind))
-    except (av.error.FFmpegError, OSError):
-        return False
-
-
-def declared_end_ns(path: Path, kind: str) -> int | None:
-    """Local ns where the first ``kind`` stream of ``path`` declares it ends (None: unknown, no
-    such stream, or unopenable). Reads the header only."""
+def probe_stream(path: Path, kind: str) -> tuple[bool, int | None]:
+    """Whether the container at ``path`` has a ``kind`` stream (``audio | video``), and the local
+    ns where its first one declares it ends (None: unknown). Reads the header only; (False,
+    None) when it cannot be opened (the source operator then reports why)."""
     av = require("av")
     try:
         with av.open(str(path)) as container:
             streams = getattr(container.streams, kind)
-            return declared_span_ns(container, streams[0])[1] if streams else None
+            return (True, declared_span_ns(container, streams[0])[1]) if streams else (False, None)
     except (av.error.FFmpegError, OSError):
-        return None
+        return False, None
