@@ -31,7 +31,7 @@ import json
 import re
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,6 +117,16 @@ class OutputLayout:
     @property
     def run_json(self) -> Path:
         return self.root / "run.json"
+
+    @staticmethod
+    def feature_groups(files: Iterable[str]) -> dict[tuple[str, str], list[str]]:
+        """Feature files (relative to OUT: features/MODEL/GRANULARITY/SESSION/FILE) by (model folder,
+        granularity), in the given order."""
+        groups: dict[tuple[str, str], list[str]] = {}
+        for f in files:
+            _, model, gran, *_ = f.split("/")
+            groups.setdefault((model, gran), []).append(f)
+        return groups
 
     def data_folders(self) -> list[str]:
         """Every folder (relative to OUT) that holds committed files: the sweep's reach."""

@@ -534,13 +534,9 @@ def build_indexes(layout: OutputLayout, feature_files: list[str], attempt: str) 
 
     from modalign.operators.cache.index import FeatureIndex
 
-    groups: dict[tuple[str, str], list[str]] = {}
-    for f in feature_files:  # features/MODEL/GRANULARITY/SESSION/FILE
-        _, model, gran, *_ = f.split("/")
-        groups.setdefault((model, gran), []).append(str(layout.root / f))
     built = []
-    for (model, gran), files in sorted(groups.items()):
-        t = ds.dataset(files, format="parquet").to_table(columns=["feature_id", "vector", "dim"])
+    for (model, gran), files in sorted(layout.feature_groups(feature_files).items()):
+        t = ds.dataset([str(layout.root / f) for f in files], format="parquet").to_table(columns=["feature_id", "vector", "dim"])
         if t.num_rows == 0:
             continue
         dim = t.column("dim")[0].as_py()

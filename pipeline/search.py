@@ -46,11 +46,8 @@ def _embed_config(output: Output) -> Any:
 
 def _feature_files(output: Output) -> dict[tuple[str, str], list[Path]]:
     """(model dir name, granularity) -> its committed feature files."""
-    found: dict[tuple[str, str], list[Path]] = {}
-    for path in output.files("features"):  # features/MODEL/GRANULARITY/SESSION/FILE
-        model, gran = path.relative_to(output.root).parts[1:3]
-        found.setdefault((model, gran), []).append(path)
-    return found
+    groups = output.layout.feature_groups(output.layout.relative(p) for p in output.files("features"))
+    return {key: [output.root / f for f in files] for key, files in groups.items()}
 
 
 def _available(output: Output) -> str:
