@@ -3,14 +3,23 @@
 Used by ``modalign.operators.deid.faces.FaceBlurOperator`` after detection, frame by frame in
 time order and across the tables of one stream. A detection that overlaps a track's
 predicted box (``MATCH_OVERLAP``, or centres closer than half the box) continues that track;
-its velocity (pixels per second per edge, smoothed) comes from successive detections. When a
-frame has no detection for a track (motion blur, a turned head, a hand in front), the track
-still yields a box there: its last box moved by its velocity over the time since, and padded
-by ``GROWTH_PER_S`` of its size per second since, so the box follows the face and widens as
-the guess gets less certain. A track ends only when it has been missed in at least
-``MIN_MISSES`` consecutive frames *and* for longer than ``hold_s``: a face cannot vanish from
-one frame to the next just because one detection failed. The cost is over-covering for up to
-``hold_s`` after a face really left, which is the side to err on.
+its velocity (pixels per second per edge) comes from successive detections (the second
+detection sets it, later ones are smoothed in). When a frame has no detection for a track
+(motion blur, a turned head, a hand in front), the track still yields a box there: its last
+box moved by its velocity over the time since, and padded by ``GROWTH_PER_S`` of its size per
+second since, so the box follows the face and widens as the guess gets less certain.
+
+A track is *confirmed* by a second detection or one scoring at least ``CONFIRM_SCORE``. A
+confirmed track ends only when it has been missed in at least ``MIN_MISSES`` consecutive
+*confident* frames (frames the detector scanned in full, see ``update``) *and* for longer
+than ``hold_s``: a face cannot vanish from one frame to the next because one detection
+failed. A tentative track (one weak detection, the typical false box on a hand or a texture)
+is kept for ``MIN_MISSES - 1`` frames only, like a temporal window. The cost is
+over-covering for up to ``hold_s`` after a face really left, which is the side to err on.
+
+Within one table the operator refines the boxes with hindsight (``interpolate``): a miss
+between two detections of the same track gets the box interpolated between them, and the
+frames just before a track's first detection get its box extrapolated backwards.
 
 Pure Python over boxes (no pixels), so it is tested exactly, and deterministic: the output
 depends on the detections and times only.
@@ -21,28 +30,42 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 BoxT = tuple[int, int, int, int, float]  # x0, y0, x1, y1 (pixels, end-exclusive), score
+FBox = tuple[float, float, float, float]
 
 MATCH_OVERLAP = 0.1  # IoU (or intersection over the smaller box) that continues a track
 GROWTH_PER_S = 0.5  # padding added per second of misses, as a fraction of the box's size, per side
 MAX_SPEED = 3.0  # box sizes per second: a faster estimate is noise (a wrong match), clipped
-MIN_MISSES = 3  # consecutive frames without the face before its track may end
+MIN_MISSES = 3  # consecutive confident frames without the face before a confirmed track may end
 SMOOTHING = 0.5  # weight of the newest velocity measurement
+CONFIRM_SCORE = 0.75  # one detection this sure confirms a track at once
+DUPLICATE_OVERLAP = 0.6  # a younger track this much inside an older one is the same face: dropped
 
 
 @dataclass
 class _Track:
-    box: tuple[float, float, float, float]
-    vel: tuple[float, float, float, float]  # pixels per second, per edge
+    id: int
+    box: FBox
+    vel: FBox  # pixels per second, per edge
     t_ns: int  # time of the last detection
     score: float
-    misses: int = 0
+    hits: int = 1
+    misses: int = 0  # consecutive confident frames without a detection
 
-    def predict(self, t_ns: int) -> tuple[float, float, float, float]:
-        dt = (t_ns - self.t_ns) / 1e9
-        grow = GROWTH_PER_S * dt
-        x0, y0, x1, y1 = (b + v * dt for b, v in zip(self.box, self.vel))
-        w, h = x1 - x0, y1 - y0
-        return x0 - grow * w, y0 - grow * h, x1 + grow * w, y1 + grow * h
+    @property
+    def confirmed(self) -> bool:
+        return self.hits >= 2 or self.score >= CONFIRM_SCORE
+
+    def predict(self, t_ns: int) -> FBox:
+        return moved(self.box, self.vel, (t_ns - self.t_ns) / 1e9)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One track's box in one frame: ``detected`` (a detection) or carried (a prediction)."""
+
+    track: int
+    box: BoxT
+    detected: bool
 
 
 class FaceTracks:
@@ -52,50 +75,144 @@ class FaceTracks:
         self.w, self.h, self.hold_s = w, h, hold_s
         self.tracks: list[_Track] = []
         self.last_t_ns: int | None = None
+        self._next_id = 0
 
-    def step(self, t_ns: int, detections: list[BoxT]) -> list[BoxT]:
+    def step(self, t_ns: int, detections: list[BoxT], confident: bool = True) -> list[BoxT]:
         """Feed one frame's (padded) detections; returns the boxes of tracks this frame missed."""
+        return [s.box for s in self.update(t_ns, detections, confident) if not s.detected]
+
+    def missed(self, t_ns: int, detections: list[BoxT]) -> list[BoxT]:
+        """Predicted boxes of the tracks that ``detections`` would not continue (no state change):
+        where a second, closer look is worth its cost."""
+        if self.last_t_ns is not None and t_ns <= self.last_t_ns:
+            return []
+        out = []
+        for track in self.tracks:
+            guess = track.predict(t_ns)
+            if not any(_matches(guess, d) for d in detections):
+                box = self._clip(guess, track.score)
+                if box is not None:
+                    out.append(box)
+        return out
+
+    def update(self, t_ns: int, detections: list[BoxT], confident: bool = True) -> list[Seen]:
+        """Feed one frame's detections; returns every live track's box in this frame.
+
+        ``confident``: the frame was scanned in full (all detector passes), so a miss there
+        counts towards ending a track; a frame that got only the cheap pass never ends one.
+        """
         if self.last_t_ns is not None and t_ns <= self.last_t_ns:
             self.tracks = []  # time did not advance: frames processed again, or another stream
         self.last_t_ns = t_ns
         free = list(detections)
-        carried: list[BoxT] = []
+        seen: list[Seen] = []
         kept: list[_Track] = []
-        for track in sorted(self.tracks, key=lambda tr: -tr.score):
+        for track in sorted(self.tracks, key=lambda tr: (-tr.confirmed, -tr.score, tr.id)):
             guess = track.predict(t_ns)
             best = max(free, key=lambda d: overlap(guess, d), default=None)
-            if best is not None and (overlap(guess, best) >= MATCH_OVERLAP or _near(guess, best)):
+            if best is not None and _matches(guess, best):
                 free.remove(best)
                 self._update(track, best, t_ns)
                 kept.append(track)
+                seen.append(Seen(track.id, best, True))
                 continue
-            track.misses += 1
-            if track.misses >= MIN_MISSES and (t_ns - track.t_ns) / 1e9 > self.hold_s:
-                continue  # surely gone
+            if confident:
+                track.misses += 1
+            if track.confirmed:
+                if track.misses >= MIN_MISSES and (t_ns - track.t_ns) / 1e9 > self.hold_s:
+                    continue  # surely gone
+            elif track.misses >= MIN_MISSES - 1:
+                continue  # one weak detection never seen again: most likely not a face
             kept.append(track)
             box = self._clip(guess, track.score)
             if box is not None:
-                carried.append(box)
-        kept += [_Track(box=tuple(float(v) for v in d[:4]), vel=(0.0, 0.0, 0.0, 0.0), t_ns=t_ns, score=d[4])
-                 for d in free]
+                seen.append(Seen(track.id, box, False))
+        for d in free:
+            if any(overlap(d, s.box) >= DUPLICATE_OVERLAP for s in seen if s.detected):
+                continue  # a second box on a face already matched this frame
+            track = _Track(id=self._next_id, box=_f(d), vel=(0.0, 0.0, 0.0, 0.0), t_ns=t_ns, score=d[4])
+            self._next_id += 1
+            kept.append(track)
+            seen.append(Seen(track.id, d, True))
         self.tracks = kept
-        return carried
+        return seen
 
     @staticmethod
     def _update(track: _Track, det: BoxT, t_ns: int) -> None:
         dt = (t_ns - track.t_ns) / 1e9
-        new = tuple(float(v) for v in det[:4])
+        new = _f(det)
         if dt > 0:
             size = max(new[2] - new[0], new[3] - new[1], 1.0)
             limit = MAX_SPEED * size
             measured = [max(-limit, min(limit, (n - o) / dt)) for n, o in zip(new, track.box)]
-            track.vel = tuple(SMOOTHING * m + (1 - SMOOTHING) * v for m, v in zip(measured, track.vel))
-        track.box, track.t_ns, track.score, track.misses = new, t_ns, det[4], 0
+            w = 1.0 if track.hits == 1 else SMOOTHING  # the first measurement is all there is
+            track.vel = tuple(w * m + (1 - w) * v for m, v in zip(measured, track.vel))
+        track.box, track.t_ns, track.score, track.misses = new, t_ns, max(track.score, det[4]), 0
+        track.hits += 1
 
-    def _clip(self, box: tuple[float, float, float, float], score: float) -> BoxT | None:
-        x0, y0 = max(0, int(box[0] // 1)), max(0, int(box[1] // 1))
-        x1, y1 = min(self.w, int(-(-box[2] // 1))), min(self.h, int(-(-box[3] // 1)))
-        return (x0, y0, x1, y1, score) if x1 > x0 and y1 > y0 else None
+    def _clip(self, box: FBox, score: float) -> BoxT | None:
+        return clip(box, score, self.w, self.h)
+
+
+def interpolate(frames: list[list[Seen]], times: list[int], w: int, h: int, back: int) -> list[list[BoxT]]:
+    """Boxes per frame of a table, refined with hindsight from ``FaceTracks.update``'s output.
+
+    A carried box between two detections of its track is replaced by the box interpolated
+    between them (padded by ``GROWTH_PER_S`` per second to the nearer detection); up to
+    ``back`` frames before a track's first detection in the table get its box moved back in
+    time with the track's first measured velocity (a face entering, or found late).
+    """
+    out = [[s.box for s in seen] for seen in frames]
+    hits: dict[int, list[int]] = {}
+    for i, seen in enumerate(frames):
+        for s in seen:
+            if s.detected:
+                hits.setdefault(s.track, []).append(i)
+    present = [{s.track for s in seen} for seen in frames]
+    for tid, idx in hits.items():
+        boxes = {i: next(s.box for s in frames[i] if s.track == tid and s.detected) for i in idx}
+        for a, b in zip(idx, idx[1:]):
+            if b - a < 2:
+                continue
+            ba, bb = _f(boxes[a]), _f(boxes[b])
+            span = (times[b] - times[a]) / 1e9
+            for j in range(a + 1, b):
+                f = (times[j] - times[a]) / 1e9 / span if span > 0 else 0.5
+                mid = tuple(x + f * (y - x) for x, y in zip(ba, bb))
+                near = min(times[j] - times[a], times[b] - times[j]) / 1e9
+                box = clip(moved(mid, (0.0,) * 4, near), min(boxes[a][4], boxes[b][4]), w, h)
+                out[j] = [x for x, s in zip(out[j], frames[j]) if s.track != tid] + ([box] if box else [])
+        first = idx[0]
+        if first == 0 or tid in present[first - 1]:
+            continue  # the track was alive before this detection: nothing to look back for
+        base = _f(boxes[first])
+        vel = (0.0,) * 4
+        if len(idx) > 1 and times[idx[1]] > times[first]:
+            dt = (times[idx[1]] - times[first]) / 1e9
+            size = max(base[2] - base[0], base[3] - base[1], 1.0)
+            vel = tuple(max(-MAX_SPEED * size, min(MAX_SPEED * size, (y - x) / dt))
+                        for x, y in zip(base, _f(boxes[idx[1]])))
+        for j in range(max(0, first - back), first):
+            box = clip(moved(base, vel, (times[j] - times[first]) / 1e9), boxes[first][4], w, h)
+            if box is not None:
+                out[j].append(box)
+    return out
+
+
+def moved(box: FBox, vel: FBox, dt_s: float) -> FBox:
+    """``box`` moved by ``vel`` over ``dt_s`` seconds (either sign) and padded by ``GROWTH_PER_S``
+    of its size per second of ``|dt_s|`` on each side."""
+    grow = GROWTH_PER_S * abs(dt_s)
+    x0, y0, x1, y1 = (b + v * dt_s for b, v in zip(box, vel))
+    bw, bh = x1 - x0, y1 - y0
+    return x0 - grow * bw, y0 - grow * bh, x1 + grow * bw, y1 + grow * bh
+
+
+def clip(box: FBox, score: float, w: int, h: int) -> BoxT | None:
+    """Integer pixel box covering ``box``, clipped to the frame (None when nothing is left)."""
+    x0, y0 = max(0, int(box[0] // 1)), max(0, int(box[1] // 1))
+    x1, y1 = min(w, int(-(-box[2] // 1))), min(h, int(-(-box[3] // 1)))
+    return (x0, y0, x1, y1, score) if x1 > x0 and y1 > y0 else None
 
 
 def overlap(a: tuple[float, ...], b: tuple[float, ...]) -> float:
@@ -108,6 +225,14 @@ def overlap(a: tuple[float, ...], b: tuple[float, ...]) -> float:
     area_a = (a[2] - a[0]) * (a[3] - a[1])
     area_b = (b[2] - b[0]) * (b[3] - b[1])
     return max(inter / (area_a + area_b - inter), inter / max(min(area_a, area_b), 1e-9))
+
+
+def _matches(guess: FBox, det: tuple[float, ...]) -> bool:
+    return overlap(guess, det) >= MATCH_OVERLAP or _near(guess, det)
+
+
+def _f(b: tuple[float, ...]) -> FBox:
+    return (float(b[0]), float(b[1]), float(b[2]), float(b[3]))
 
 
 def _near(a: tuple[float, ...], b: tuple[float, ...]) -> bool:

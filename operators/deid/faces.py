@@ -10,20 +10,24 @@ action ``mask`` fills each box with its mean colour instead (nothing of the face
 Small faces: MediaPipe's full-range model sees the frame letterboxed to 192x192, so faces
 under ~110 px in 720p are missed whole-frame; ``FacePolicy.tiles`` (default 2) adds a pass
 over a 2x2 grid of overlapping tiles. ``tile_every = 2`` runs that pass on every other
-frame of a dense stream (the temporal window covers the frames between; sparse or
+frame of a dense stream (the face tracks cover the frames between; sparse or
 sampled frames always get it), which keeps the cost near 20 ms of CPU per 720p frame.
 
-Temporal consistency: a face detected in frame ``i`` is also anonymised in frames
-``i - temporal_window .. i + temporal_window`` of the same table, so a missed detection
-(motion blur, a hand in front of the face) between two hits does not leak the face. The
-operator keeps one small piece of state across calls for this: the detections of the last
-``temporal_window`` frames of the previous table, which also cover the first frames of
-the next table of the same stream (same ``event_id`` prefix, later ``t_ns``). Look-ahead
-does not cross a table boundary. Forward in time, faces are also tracked
-(``modalign.operators.deid.face_tracks``, across tables of the stream): a face missed for
-longer than the window keeps a box that moves with it and widens, until it has been missed
-for ``FacePolicy.track_hold_s`` and in 3 frames in a row. Call ``reset()`` between unrelated
-streams.
+Second pass: with ``FacePolicy.second_pass`` the short-range model (another network) also
+runs on the tiles, and on an upscaled crop around each tracked face the first pass missed
+in a frame, so a face is re-found (and its box stays tight) rather than guessed.
+
+Temporal consistency (faces fail closed): detections feed face tracks
+(``modalign.operators.deid.face_tracks``, kept across the tables of one stream, same
+``event_id`` prefix, later ``t_ns``). Each face gets one box per frame: its detection, the
+box interpolated between two detections around a miss, its box moved back in time for the
+``temporal_window`` frames before it was first found, or, forward in time and at the end
+of a table, its last box moved with its velocity and widened until the track has been
+missed for ``FacePolicy.track_hold_s`` and in 3 fully scanned frames in a row (a weak
+detection never seen again is dropped after 2 frames: hands and textures). With
+``track_hold_s = 0`` the older static window applies instead: a detection in frame ``i`` is
+copied to frames ``i - temporal_window .. i + temporal_window`` (carried into the next
+table of the stream). Call ``reset()`` between unrelated streams.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from modalign.operators.base import OperatorConfig, TableOperator
-from modalign.operators.deid.face_tracks import FaceTracks, overlap
+from modalign.operators.deid.face_tracks import FaceTracks, interpolate, overlap
 from modalign.operators.dependencies import require
 from modalign.schemas.errors import ComplianceError, InputError
 from modalign.schemas.arrow import arrow_type
@@ -165,37 +169,71 @@ def tile_regions(w: int, h: int, n: int, overlap: float = TILE_OVERLAP) -> list[
 
 
 class _MediapipeDetector:
-    """mediapipe face detection (bundled BlazeFace .tflite); pixel boxes with scores.
+    """mediapipe face detection (bundled BlazeFace .tflite models); pixel boxes with scores.
 
     The full-range model sees the image letterboxed to 192x192, so in a 1280x720 frame a
     face narrower than ~110 px is often missed; running it also on overlapping tiles
-    (``tiles`` x ``tiles``) brings faces down to ~50 px wide into range.
+    (``tiles`` x ``tiles``) brings faces down to ~50 px wide into range. ``second``: the
+    short-range model (a different network, 128x128 input) also runs on the tiles (it
+    finds faces the full-range model misses: low resolution, tight crops) and, through
+    ``detect_near``, on an upscaled crop around each tracked face the first pass missed.
     """
 
-    def __init__(self, model_selection: int, min_score: float, tiles: int = 1) -> None:
+    def __init__(self, model_selection: int, min_score: float, tiles: int = 1, second: bool = False) -> None:
         mp = require("mediapipe")
-        self._fd = mp.solutions.face_detection.FaceDetection(
-            model_selection=model_selection, min_detection_confidence=min_score
-        )
+        fd = mp.solutions.face_detection
+        self._fd = fd.FaceDetection(model_selection=model_selection, min_detection_confidence=min_score)
+        self._fd2 = fd.FaceDetection(model_selection=1 - model_selection, min_detection_confidence=min_score) if second else None
         self.tiles = tiles
-        range_name = "full-range" if model_selection else "short-range"
-        self.name = f"mediapipe-face-detection@{mp.__version__}/{range_name}" + (f"/tiles{tiles}" if tiles > 1 else "")
+        names = ("short-range", "full-range")
+        self.name = f"mediapipe-face-detection@{mp.__version__}/{names[model_selection]}" + (f"/tiles{tiles}" if tiles > 1 else "")
+        if second:
+            self.name += f"+{names[1 - model_selection]}"
 
     def detect(self, rgb: np.ndarray, tiled: bool = True) -> list[tuple[float, float, float, float, float]]:
         h, w = rgb.shape[:2]
         out = []
-        for x0, y0, x1, y1 in tile_regions(w, h, self.tiles if tiled else 1):
-            crop = rgb if (x0, y0, x1, y1) == (0, 0, w, h) else rgb[y0:y1, x0:x1]
-            res = self._fd.process(np.ascontiguousarray(crop))
-            cw, ch = x1 - x0, y1 - y0
-            for d in res.detections or []:
-                bb = d.location_data.relative_bounding_box
-                out.append((x0 + bb.xmin * cw, y0 + bb.ymin * ch, x0 + (bb.xmin + bb.width) * cw,
-                            y0 + (bb.ymin + bb.height) * ch, float(d.score[0])))
+        for k, region in enumerate(tile_regions(w, h, self.tiles if tiled else 1)):
+            out += _run(self._fd, rgb, region)
+            if k > 0 and self._fd2 is not None:
+                out += _run(self._fd2, rgb, region)
+        return out
+
+    def detect_near(self, rgb: np.ndarray, boxes: Sequence[Sequence[float]]) -> list[tuple[float, float, float, float, float]]:
+        """Faces in a square crop of twice the side of each box (a tracked face's predicted,
+        padded box), by the second model, then the first where the second finds none."""
+        h, w = rgb.shape[:2]
+        out = []
+        for b in boxes:
+            side = 2 * max(b[2] - b[0], b[3] - b[1])
+            cx, cy = (b[0] + b[2]) / 2, (b[1] + b[3]) / 2
+            region = (max(0, int(cx - side / 2)), max(0, int(cy - side / 2)),
+                      min(w, int(math.ceil(cx + side / 2))), min(h, int(math.ceil(cy + side / 2))))
+            if region[2] - region[0] < 8 or region[3] - region[1] < 8:
+                continue
+            found = _run(self._fd2, rgb, region) if self._fd2 is not None else []
+            out += found or _run(self._fd, rgb, region)
         return out
 
     def close(self) -> None:
         self._fd.close()
+        if self._fd2 is not None:
+            self._fd2.close()
+
+
+def _run(fd: Any, rgb: np.ndarray, region: tuple[int, int, int, int]) -> list[tuple[float, float, float, float, float]]:
+    """One mediapipe call on ``region`` of ``rgb``; boxes in frame pixels."""
+    x0, y0, x1, y1 = region
+    h, w = rgb.shape[:2]
+    crop = rgb if (x0, y0, x1, y1) == (0, 0, w, h) else rgb[y0:y1, x0:x1]
+    res = fd.process(np.ascontiguousarray(crop))
+    cw, ch = x1 - x0, y1 - y0
+    out = []
+    for d in res.detections or []:
+        bb = d.location_data.relative_bounding_box
+        out.append((x0 + bb.xmin * cw, y0 + bb.ymin * ch, x0 + (bb.xmin + bb.width) * cw,
+                    y0 + (bb.ymin + bb.height) * ch, float(d.score[0])))
+    return out
 
 
 @dataclass
@@ -219,7 +257,7 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
     """
 
     kind = "face_blur"
-    version = "0.3.0"
+    version = "0.4.0"
     config_model = FaceBlurConfig
 
     def __init__(self, config: FaceBlurConfig | None = None) -> None:
@@ -235,7 +273,8 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
         cfg = self.config
         self._secret = cfg.secret if cfg.secret is not None else os.urandom(32)
         if cfg.face.action != "keep" and self._detector is None:
-            self._detector = _MediapipeDetector(cfg.model_selection, cfg.face.min_score, cfg.face.tiles)
+            self._detector = _MediapipeDetector(cfg.model_selection, cfg.face.min_score, cfg.face.tiles,
+                                                cfg.face.second_pass)
         self._ready = True
 
     def reset(self) -> None:
@@ -265,23 +304,12 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
 
         h, w = frames.type.shape[0], frames.type.shape[1]
         imgs, valid = tensor_view(frames)
-        detected: list[list[BoxT]] = []
         tiled = _tiled_rows(table, n, pol.tile_every)
-        for i in range(n):
-            if not valid[i]:
-                detected.append([])
-                continue
-            try:
-                raw = self._detector.detect(imgs[i], tiled=tiled[i])
-            except Exception:
-                raise ComplianceError(
-                    f"face detection failed on event {ids[i]}; the frame is withheld, not written raw",
-                    source_uri=first_str(table, "source_uri"),
-                    stage=self.kind,
-                ) from None
-            detected.append(_pad_clip(raw, pol.pad_ratio, w, h, pol.min_score))
-
-        applied = self._track(table, detected, self._spread(table, detected, (h, w)), valid, (h, w))
+        if pol.track_hold_s > 0:
+            applied = self._detect_tracked(table, imgs, valid, tiled, (h, w))
+        else:
+            detected = [self._detect(table, imgs[i], i, tiled[i]) if valid[i] else [] for i in range(n)]
+            applied = self._spread(table, detected, (h, w))
         out = imgs.copy()  # new buffer: the input's (read-only) buffer is never written
         for i in range(n):
             for b in applied[i]:
@@ -323,21 +351,44 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
             self._carry = None
         return [_merge(p) for p in pools]
 
-    def _track(self, table: pa.Table, detected: list[list[BoxT]], applied: list[list[BoxT]], valid: np.ndarray,
-               shape: tuple[int, int]) -> list[list[BoxT]]:
-        """``applied`` plus the boxes of tracked faces each frame's detection missed."""
-        hold = self.config.face.track_hold_s
-        if hold <= 0:
-            return applied
+    def _detect(self, table: pa.Table, img: np.ndarray, i: int, tiled: bool, near: list[BoxT] | None = None) -> list[BoxT]:
+        """Padded detections in frame ``i``; with ``near``, only the second look around those boxes."""
+        pol = self.config.face
+        try:
+            if near is None:
+                raw = self._detector.detect(img, tiled=tiled)
+            else:
+                raw = self._detector.detect_near(img, near)
+        except Exception:
+            raise ComplianceError(
+                f"face detection failed on event {event_ids(table)[i]}; the frame is withheld, not written raw",
+                source_uri=first_str(table, "source_uri"),
+                stage=self.kind,
+            ) from None
+        return _merge(_pad_clip(raw, pol.pad_ratio, img.shape[1], img.shape[0], pol.min_score))
+
+    def _detect_tracked(self, table: pa.Table, imgs: np.ndarray, valid: np.ndarray, tiled: list[bool],
+                        shape: tuple[int, int]) -> list[list[BoxT]]:
+        """Boxes per frame from detections and face tracks (``face_tracks``): each face gets one
+        box that follows it through missed detections, within and across tables of a stream."""
+        h, w = shape
         key = (_stream_key(table)[0], shape)
         if self._tracks is None or self._tracks_key != key:
-            self._tracks, self._tracks_key = FaceTracks(shape[1], shape[0], hold), key
+            self._tracks, self._tracks_key = FaceTracks(w, h, self.config.face.track_hold_s), key
+        self._carry = None
         times = _frame_times(table)
-        out = []
-        for i, boxes in enumerate(applied):
-            carried = self._tracks.step(times[i], _merge(detected[i])) if valid[i] else []  # one box a face
-            out.append(_merge(boxes + carried) if carried else boxes)
-        return out
+        second = hasattr(self._detector, "detect_near")
+        seen = []
+        for i in range(len(imgs)):
+            if not valid[i]:
+                seen.append([])
+                continue
+            boxes = self._detect(table, imgs[i], i, tiled[i])
+            missed = self._tracks.missed(times[i], boxes) if second else []
+            if missed:  # a tracked face the first pass lost: look again, closer
+                boxes = _merge(boxes + self._detect(table, imgs[i], i, tiled[i], near=missed))
+            seen.append(self._tracks.update(times[i], boxes, confident=tiled[i]))
+        return [_merge(b) for b in interpolate(seen, times, w, h, self.config.face.temporal_window)]
 
     def _assemble(self, table: pa.Table, frames: pa.Array, applied: list[list[BoxT]], method: str) -> pa.Table:
         header = {"policy": self.config.policy_tag, "method": method, "detector": self.detector_name,

@@ -85,7 +85,7 @@ def test_face_detected_blurred_inside_identical_outside(op, canvas):
     assert out.column("deid")[0].as_py() == {
         "policy": DEFAULT_POLICY_TAG,
         "method": "blur_permute",
-        "detector": "mediapipe-face-detection@0.10.21/full-range/tiles2",
+        "detector": "mediapipe-face-detection@0.10.21/full-range/tiles2+short-range",
         "count": 1,
         "threshold": 0.5,
     }
