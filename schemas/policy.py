@@ -11,7 +11,9 @@ Actions per modality:
 
 - face: ``blur_permute`` (Gaussian blur, then a keyed pixel permutation inside the padded
   box), ``mask`` (the box is filled with its mean colour: nothing of the face is left),
-  ``keep`` (no change; only for consented footage).
+  ``keep`` (no change; only for consented footage). Faces are tracked so that a face seen
+  in neighbouring frames keeps a box that follows it (``FacePolicy.track_hold_s``), and a
+  second detector pass looks where the first lost a tracked face (``second_pass``).
 - voice: ``keep_mfcc`` (waveform dropped, MFCCs of the original voice kept), ``anonymise``
   (McAdams pole-angle warping of the waveform before the MFCCs, see
   ``modalign.operators.deid.voice``), ``drop`` (no voice-derived data kept).
@@ -61,6 +63,11 @@ class FacePolicy(_Strict):
     )
     tile_every: Literal[1, 2] = Field(
         2, description="2: the tiled pass runs on every other frame of a dense stream (the window covers the rest)"
+    )
+    second_pass: bool = Field(
+        True,
+        description="a second model (mediapipe short-range) also runs on the tiles and, closer, around each tracked "
+                    "face the first pass missed",
     )
     legal_basis: str = Field("", description="free-text note recorded with the policy")
 
