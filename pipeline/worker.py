@@ -146,16 +146,7 @@ class IngestWorker:
         sampler: dict = {}
         columns = lineage.model_dump()
         try:
-            for raw in ops[0].read(ctx):
-                transform = getattr(ops[0], "waveform_transform", None)
-                if transform is not None:  # tells the voice policy the MFCCs are of anonymised speech
-                    from modalign.operators.deid.voice import mark_transformed
-
-                    raw = mark_transformed(raw, transform)
-                clean = raw
-                for op in ops[1:]:  # the de-identification operators of this modality, in order
-                    clean = op.process(clean)
-                del raw  # the raw batch ends here, in this process
+            for clean in self._deidentified(ops, ctx):
                 if clean.num_rows == 0:
                     continue
                 self._count(plan, clean, deid, counts)
@@ -180,6 +171,47 @@ class IngestWorker:
                              stage=f"ingest/{plan.name}", code=QuarantineReason.INTERNAL_ERROR)
             yield QuarantineItem(quarantine_row(job, job.version, err))
         return events, status, deid, counts
+
+    @staticmethod
+    def _deidentified(ops: list[Any], ctx: SourceContext) -> Iterator[pa.Table]:
+        """Each decoded batch through the de-identification chain, then, at the end of the
+        stream, what the operators held back for look-ahead (``flush()``, e.g. frame text)
+        through the rest of the chain. A source error (damage) ends the stream: what came
+        before it is still flushed, then the error is raised. After any other error the
+        operators ``reset()``: what they held is withheld, never written raw."""
+        batches = iter(ops[0].read(ctx))
+        source_error: InputError | None = None
+        try:
+            while True:
+                try:
+                    raw = next(batches)
+                except StopIteration:
+                    break
+                except InputError as exc:  # the source is damaged from here: flush what came before
+                    source_error = exc
+                    break
+                transform = getattr(ops[0], "waveform_transform", None)
+                if transform is not None:  # tells the voice policy the MFCCs are of anonymised speech
+                    from modalign.operators.deid.voice import mark_transformed
+
+                    raw = mark_transformed(raw, transform)
+                clean = raw
+                for op in ops[1:]:  # the de-identification operators of this modality, in order
+                    clean = op.process(clean)
+                del raw  # the raw batch ends here, in this process
+                yield clean
+            for k, op in enumerate(ops[1:], start=2):  # end of stream: held-back rows, in order
+                for held in op.flush() if hasattr(op, "flush") else ():
+                    for later in ops[k:]:
+                        held = later.process(held)
+                    yield held
+        except BaseException:
+            for op in ops[1:]:
+                if hasattr(op, "reset"):
+                    op.reset()
+            raise
+        if source_error is not None:
+            raise source_error
 
     @staticmethod
     def _content_hash(job: SourceJob, reader: SeekableHashingReader | None) -> str | None:

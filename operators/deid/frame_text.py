@@ -7,43 +7,62 @@ phones ... the kinds of ``modalign.operators.deid.text``) blurred then key-permu
 ``modalign.operators.deid.faces.anonymise_region``. Pixels outside the boxes are bit-identical to the
 input, and a frame without personal data is returned bit-identical.
 
-Method. Per table, a few frames are OCRed: the first frame at or after each step of
-``1 / ocr_fps`` seconds on the session clock (``t_ns``), plus always the first and the last
-(valid) frame of the table, so every frame lies between two OCRed samples of the same
-table and no state is carried between tables. A sample is converted to grayscale,
-upscaled by ``ocr_scale`` (tesseract misses much of ~13 px text at 1x), capped at
-``ocr_max_pixels`` (default 1280x720: a 360p frame is read at 2x, a 720p frame at 1x,
-where 13 px text is read less well, to stay near real time on one core), encoded as PGM in
-memory and read by tesseract as a subprocess (stdin -> TSV on stdout, under the memory
-ceiling and timeout of ``modalign.operators.sandbox.run_limited``; no image touches the disk).
-Words are grouped into lines (tesseract's block/paragraph/line), the lines of a block are
-joined by newlines and all blocks of all samples of the table go through one
-``detect_batch`` call (so OCR artefacts are handled as for PDFs, and a name found in one
-sample is also searched for in the others). Each detected span becomes the union of the
-boxes of its words on each line it touches, mapped back to frame pixels and padded by
-``pad_px``.
+Sampling. A frame is OCRed when it is the first valid frame of the stream at or after a
+step ``k / ocr_fps`` of the session clock (``t_ns``; without ``t_ns`` every valid frame is
+a sample). The grid belongs to the stream, not to the table: where the tables of a stream
+begin and end changes nothing, so the same frames give byte-identical output (pixels and
+boxes) for any batching, in every run (the permutation key is the tenant secret, the salt
+the frame's deterministic event id). A sample is converted to grayscale, upscaled by
+``ocr_scale`` (tesseract misses much of ~13 px text at 1x), capped at ``ocr_max_pixels``
+(default 1280x720: a 360p frame is read at 2x, a 720p frame at 1x, where 13 px text is read
+less well, to stay near real time on one core), encoded as PGM in memory and read by
+tesseract as a subprocess (stdin -> TSV on stdout, under the memory ceiling and timeout of
+``modalign.operators.sandbox.run_limited``; no image touches the disk). Words are grouped
+into lines (tesseract's block/paragraph/line), the lines of a block joined by newlines.
 
-Temporal rule: a frame gets the union of the boxes of the sample at or just before it and
-of the sample at or just after it (a sampled frame: its own boxes and both neighbours').
-Text that stays on screen for at least ``1 / ocr_fps`` (plus one frame interval) is in at
-least one of those two samples, so it is covered in every frame that shows it. Residual
-risk: text shown for a shorter time can fall between two samples and leak, and so can text
-tesseract does not read in any sample (very small, low-contrast, rotated or stylised
-text) or that ``find_pii`` does not recognise as personal data. A box covers the pixels
-where the text was OCRed: text that moves between two samples is covered only where the
-samples saw it.
+Detection. Each pair of consecutive samples goes through one ``detect_batch`` call over the
+blocks of both (OCR artefacts are handled as for PDFs, and a name found in one sample of
+the pair is also searched for in the other); the pair's boxes are the spans found in either
+sample, each the union of the boxes of its words on each line it touches, mapped back to
+frame pixels and padded by ``pad_px``.
 
-Failures: when tesseract fails, runs out of memory or times out on a sample, the whole
-table is withheld with ``ComplianceError`` naming the event id (never the text).
+Temporal rule: a frame gets the boxes of the pair of samples around it (the sample at or
+before it and the one after it); a sampled frame gets both of its pairs. Text that stays
+on screen for at least ``1 / ocr_fps`` (plus one frame interval) is in at least one of
+those two samples, so it is covered in every frame that shows it.
+
+Look-ahead across tables. A frame's boxes need the next sample, which may lie in a later
+table, so the operator holds back the frames from the last sample of a table on (at most
+one ``1 / ocr_fps`` interval of frames, raw, in this process) and carries the last
+sample's OCR blocks; they are emitted, anonymised, with the output of the next table of
+the same stream (same ``event_id`` prefix, later ``t_ns``). ``process`` therefore returns
+the frames that are final so far, in stream order, which may be fewer rows than it was
+given (or none). At the end of a stream ``flush()`` returns the rest: the last valid held
+frame is OCRed as one more sample, so text that appears after the last grid sample and
+stays to the end is covered too (the worker calls it after the source's last batch). A
+new frame shape within a stream ends a segment the same way (its frames come out with the
+next call). ``reset()`` drops what is held (withheld, never emitted raw).
+
+Residual risk: text shown for less than ``1 / ocr_fps`` can fall between two samples and
+leak, and so can text tesseract does not read in any sample (very small, low-contrast,
+rotated or stylised text) or that ``find_pii`` does not recognise as personal data. A box
+covers the pixels where the text was OCRed: text that moves between two samples is covered
+only where the samples saw it.
+
+Failures: when tesseract fails, runs out of memory or times out on a sample, the table and
+the frames held back before it are withheld with ``ComplianceError`` naming the event id
+(never the text).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, Literal
 
 import numpy as np
@@ -60,6 +79,8 @@ from modalign.schemas.errors import ComplianceError, InputError, ModalignError
 from modalign.schemas.policy import DEFAULT_POLICY_TAG, DeidPolicy, FrameTextPolicy, TextEntity, TextPolicy
 from modalign.schemas.units import NS_PER_S
 
+log = logging.getLogger(__name__)
+
 TEXT_BOXES = "text_boxes"
 TEXT_DEID = "text_deid"
 METHOD = "blur_permute"
@@ -67,8 +88,7 @@ MERGE_IOU = 0.5  # near-identical boxes of the two neighbouring samples become o
 SALT_SUFFIX = "/frame_text"  # permutation salt = event_id + this (differs from the face boxes')
 
 BoxT = tuple[int, int, int, int, float]  # x0, y0, x1, y1 (frame pixels, end-exclusive), score
-
-
+SpanT = tuple[int, int, int, "OcrWord"]  # start, end (in the block text), line number, word
 _POLICY, _TEXT = FrameTextPolicy(), TextPolicy()  # defaults come from the policy: declared once
 
 
@@ -125,6 +145,29 @@ class OcrWord:
     conf: float
 
 
+
+@dataclass
+class _Sample:
+    """One OCRed frame: its text blocks and, per block, where each word sits in the text."""
+
+    texts: list[str]
+    spans: list[list[SpanT]]
+
+
+@dataclass
+class _Stream:
+    """What one stream carries from a table to the next (see "Look-ahead" above)."""
+
+    stream: str | None  # event_id prefix
+    schema: pa.Schema  # of its tables (frame shape included): held rows and new rows concatenate
+    last_order: int | None = None  # t_ns (else frame_index) of the last row seen
+    last_step: int | None = None  # grid step of the last valid row (no t_ns: valid rows seen)
+    held: pa.Table | None = None  # rows from the last sample on, not emitted yet (raw pixels)
+    valid: list[bool] = field(default_factory=list)  # per held row
+    boxes: list[list[BoxT]] = field(default_factory=list)  # per held row, gathered so far
+    sample: _Sample | None = None  # the OCR of held row 0 (the last sample)
+
+
 class FrameTextOperator(TableOperator[FrameTextConfig]):
     """OCR sampled frames, find personal data in the text, blur+permute it in every frame.
 
@@ -135,11 +178,12 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
     ``text_boxes`` (list<Box>: boxes anonymised in that frame, padded, with the detector
     score) and ``text_deid`` (a DeidHeader: method ``blur_permute`` or ``keep``,
     detector ``tesseract@<ver>+<text detector>``, count = boxes). ``deid`` (the faces')
-    is left as it is.
+    is left as it is. Rows come out in stream order, held back until the next OCR sample is
+    read: call ``flush()`` at the end of each stream for the rest (``keep`` holds nothing).
     """
 
     kind = "frame_text"
-    version = "0.1.0"
+    version = "0.2.0"
     config_model = FrameTextConfig
 
     def __init__(self, config: FrameTextConfig | None = None) -> None:
@@ -148,6 +192,9 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
         self._tesseract: str | None = None
         self._tess_version = "?"
         self._env: dict[str, str] = {}
+        self._fps = Fraction(self.config.ocr_fps)  # exact: the grid step of a time never depends on rounding
+        self._state: _Stream | None = None
+        self._done: list[pa.Table] = []  # anonymised tables not returned yet, in stream order
 
     # -- lifecycle -----------------------------------------------------------------------
     def setup(self) -> None:
@@ -169,6 +216,33 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
                 load_nlp()
         self._ready = True
 
+    def reset(self) -> None:
+        """Drop the held-back frames and the carried sample (they are withheld, never emitted)."""
+        self._state = None
+        self._done.clear()
+
+    def flush(self) -> list[pa.Table]:
+        """End of stream: the held-back frames, anonymised (the last valid one is OCRed as a
+        final sample), and anything else not returned yet; in stream order, one table per
+        frame shape. The operator is then ready for another stream."""
+        if self.config.action == "keep":
+            return []
+        self.ensure_setup()
+        st = self._state
+        try:
+            self._finish_segment()
+        except ModalignError:
+            self.reset()
+            raise
+        except Exception as exc:
+            self.reset()
+            raise self._failed(exc, st.held if st is not None and st.held is not None else None) from None
+        out = []
+        while self._done:
+            out.append(self._take_done())
+        self._state = None
+        return out
+
     @property
     def detector_name(self) -> str:
         if self.config.action == "keep":
@@ -187,55 +261,139 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
         except InputError as exc:  # same checks as the face operator, under this stage's name
             raise InputError(exc.message.replace("face_blur", self.kind), stage=self.kind, code=exc.code) from None
         n = len(frames)
-        if self.config.action == "keep" or n == 0:
+        if self.config.action == "keep":
             return self._assemble(table, frames, [[] for _ in range(n)], method="keep")
+        if n == 0:
+            return self._take_done() if self._done else self._assemble(table, frames, [], method=METHOD)
         try:
-            return self._blur(table, frames)
+            self._add(table, frames)
         except ModalignError:
+            self.reset()
             raise
         except Exception as exc:  # never let a message carrying OCR text escape
-            ids = event_ids(table)
-            raise ComplianceError(
-                f"frame text de-identification failed ({type(exc).__name__}) in the table starting at event "
-                f"{ids[0]}; the frames are withheld, not written raw",
-                source_uri=first_str(table, "source_uri"),
-                stage=self.kind,
-            ) from None
+            self.reset()
+            raise self._failed(exc, table) from None
+        if self._done:
+            return self._take_done()
+        empty = table.slice(0, 0)
+        return self._assemble(empty, frame_array(empty), [], method=METHOD)
 
-    def _blur(self, table: pa.Table, frames: pa.ExtensionArray) -> pa.Table:
+    def _failed(self, exc: Exception, table: pa.Table | None) -> ComplianceError:
+        ids = event_ids(table) if table is not None and table.num_rows else ["?"]
+        return ComplianceError(
+            f"frame text de-identification failed ({type(exc).__name__}) in the table starting at event "
+            f"{ids[0]}; its frames and those held back before it are withheld, not written raw",
+            source_uri=first_str(table, "source_uri") if table is not None else None,
+            stage=self.kind,
+        )
+
+    def _add(self, table: pa.Table, frames: pa.ExtensionArray) -> None:
+        """OCR this table's grid samples, extend the held rows by it and emit what is final."""
         cfg = self.config
-        n = len(frames)
+        stream, first, last = _stream_range(table)
+        st = self._state
+        if st is not None:
+            later = st.last_order is None or first is None or first > st.last_order
+            if st.stream != stream or not later:
+                if st.held is not None:
+                    log.warning("frame_text: %d held frame(s) of %s dropped (withheld): the stream was not flushed",
+                                st.held.num_rows, st.stream)
+                st = self._state = None
+            elif not st.schema.equals(table.schema, check_metadata=False):
+                self._finish_segment()  # a new frame shape: the held frames end their segment
+                st.schema, st.last_step = table.schema, None  # the next segment starts at its first frame
+        if st is None:
+            st = self._state = _Stream(stream=stream, schema=table.schema)
+        st.last_order = last if last is not None else st.last_order
+
         h, w = int(frames.type.shape[0]), int(frames.type.shape[1])
         imgs, valid = tensor_view(frames)
         ids = event_ids(table)
         t_ns = table.column("t_ns").to_numpy(zero_copy_only=False) if "t_ns" in table.column_names else None
-        samples = sample_rows(t_ns, valid, cfg.ocr_fps)
+        samples, st.last_step = sample_rows(t_ns, valid, cfg.ocr_fps, st.last_step)
 
-        # OCR every sample, then one detection call over all their blocks.
-        texts: list[str] = []
-        owners: list[tuple[int, list[tuple[int, int, int, OcrWord]]]] = []  # (sample, [(start, end, line, word)])
-        for s in samples:
-            words = self._ocr(imgs[s], ids[s], table)
-            for block in _group_blocks(words):
-                text, spans = _block_text(block)
-                texts.append(text)
-                owners.append((s, spans))
-        detected: dict[int, list[BoxT]] = {s: [] for s in samples}
+        held_n = 0 if st.held is None else st.held.num_rows
+        rows = table if st.held is None else pa.concat_tables([st.held, table.cast(st.held.schema)])
+        ok = st.valid + [bool(v) for v in valid]
+        boxes = st.boxes + [[] for _ in range(len(frames))]
+        prev = 0 if st.sample is not None else None  # position of the last sample in ``rows``
+        for r in samples:
+            cur = self._read(imgs[r], ids[r], table)
+            found = self._detect(st.sample, cur, w, h)
+            p = held_n + r
+            for j in range(p if prev is None else prev, p + 1):  # the pair's boxes, both samples included
+                if ok[j]:
+                    boxes[j].extend(found)
+            prev, st.sample = p, cur
+        cut = len(ok) if prev is None else prev  # no sample yet: only null frames so far, all final
+        if cut:
+            self._emit(rows.slice(0, cut), boxes[:cut])
+        st.held = rows.slice(cut) if cut < len(ok) else None
+        st.valid, st.boxes = ok[cut:], boxes[cut:]
+
+    def _finish_segment(self) -> None:
+        """End of a stream or of a frame shape: OCR the last valid held frame (when it is not
+        the last sample already) as a final sample, then emit every held frame."""
+        st = self._state
+        if st is None or st.held is None:
+            return
+        held = st.held
+        q = max(j for j, v in enumerate(st.valid) if v) if any(st.valid) else 0
+        if q > 0 and st.sample is not None:
+            frames = frame_array(held)
+            imgs, _ = tensor_view(frames)
+            h, w = int(frames.type.shape[0]), int(frames.type.shape[1])
+            found = self._detect(st.sample, self._read(imgs[q], event_ids(held)[q], held), w, h)
+            for j in range(q + 1):
+                if st.valid[j]:
+                    st.boxes[j].extend(found)
+        self._emit(held, st.boxes)
+        st.held, st.valid, st.boxes, st.sample = None, [], [], None
+
+    def _emit(self, rows: pa.Table, boxes: list[list[BoxT]]) -> None:
+        """Anonymise ``rows`` (final boxes) into a new frame buffer; queue the output table."""
+        frames = frame_array(rows)
+        imgs, valid = tensor_view(frames)
+        applied = [merge_boxes(b) if valid[i] else [] for i, b in enumerate(boxes)]
+        if any(applied):
+            ids = event_ids(rows)
+            out = imgs.copy()  # new buffer: the input's (read-only) Arrow buffer is never written
+            for i, bs in enumerate(applied):
+                for b in bs:
+                    anonymise_region(out[i], b, self._secret, ids[i] + SALT_SUFFIX, self.config.blur_sigma_ratio)
+            frames = frames_like(frames, out, valid)
+        self._done.append(self._assemble(rows, frames, applied, method=METHOD))
+
+    def _take_done(self) -> pa.Table:
+        """The oldest queued output, joined with the queued ones of the same schema after it."""
+        first = self._done.pop(0)
+        run = [first]
+        while self._done and self._done[0].schema.equals(first.schema, check_metadata=False):
+            run.append(self._done.pop(0))
+        return run[0] if len(run) == 1 else pa.concat_tables(run)
+
+    def _read(self, rgb: np.ndarray, event_id: str, table: pa.Table) -> _Sample:
+        """OCR one sample into its blocks' texts and word spans."""
+        texts, spans = [], []
+        for block in _group_blocks(self._ocr(rgb, event_id, table)):
+            text, sp = _block_text(block)
+            texts.append(text)
+            spans.append(sp)
+        return _Sample(texts, spans)
+
+    def _detect(self, prev: _Sample | None, cur: _Sample, w: int, h: int) -> list[BoxT]:
+        """Boxes of the personal data in a pair of consecutive samples (one ``detect_batch``
+        over the blocks of both, so a name found in one is searched for in the other)."""
+        cfg = self.config
+        pair = [s for s in (prev, cur) if s is not None]
+        texts = [t for s in pair for t in s.texts]
+        spans = [sp for s in pair for sp in s.spans]
+        out: list[BoxT] = []
         if texts:
-            found = detect_batch(texts, cfg.entities, cfg.min_score, cfg.min_scores)
-            for (s, spans), pii in zip(owners, found):
+            for sp, pii in zip(spans, detect_batch(texts, cfg.entities, cfg.min_score, cfg.min_scores)):
                 for span in pii:
-                    detected[s].extend(_span_boxes(spans, span.start, span.end, float(span.score), cfg.pad_px, w, h))
-
-        applied = spread(samples, detected, n, valid)
-        if not any(applied):
-            return self._assemble(table, frames, applied, method=METHOD)
-        out = imgs.copy()  # new buffer: the input's (read-only) Arrow buffer is never written
-        for i in range(n):
-            for b in applied[i]:
-                anonymise_region(out[i], b, self._secret, ids[i] + SALT_SUFFIX, cfg.blur_sigma_ratio)
-        return self._assemble(table, frames_like(frames, out, valid), applied, method=METHOD)
-
+                    out.extend(_span_boxes(sp, span.start, span.end, float(span.score), cfg.pad_px, w, h))
+        return out
     def _ocr(self, rgb: np.ndarray, event_id: str, table: pa.Table) -> list[tuple[tuple[int, int, int], OcrWord]]:
         """Words tesseract reads in one frame (boxes in frame pixels); ComplianceError if it fails."""
         cfg = self.config
@@ -257,7 +415,8 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
                        else f"tesseract exited with {proc.returncode}")
         if why is not None:
             raise ComplianceError(
-                f"{why} on event {event_id}; the frames of this table are withheld, not written raw",
+                f"{why} on event {event_id}; the frames of this table and those held back before it are withheld, "
+                "not written raw",
                 source_uri=first_str(table, "source_uri"),
                 stage=self.kind,
             )
@@ -269,46 +428,45 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
         return with_regions(table, frames, applied, header, TEXT_BOXES, TEXT_DEID)
 
 
-# -- sampling and the temporal rule -------------------------------------------------------------
-def sample_rows(t_ns: np.ndarray | None, valid: np.ndarray, ocr_fps: float) -> list[int]:
-    """Rows to OCR: the first valid row at or after each ``1/ocr_fps`` step of the session
-    clock, plus the first and last valid rows. Without ``t_ns`` every valid row is sampled."""
-    rows = [i for i in range(len(valid)) if valid[i]]
-    if not rows or t_ns is None:
-        return rows
-    picked = {rows[0], rows[-1]}
-    last_step = None
-    for i in rows:  # a row is picked when it is the first at or after a new step boundary
-        step = math.floor(int(t_ns[i]) * ocr_fps / NS_PER_S)
-        if last_step is None or step > last_step:
-            picked.add(i)
-            last_step = step
-    return sorted(picked)
+
+# -- the sampling grid ------------------------------------------------------------------------
+def grid_step(t_ns: int, ocr_fps: float | Fraction) -> int:
+    """Index ``k`` of the OCR grid step ``[k / ocr_fps, (k + 1) / ocr_fps)`` holding ``t_ns``
+    (exact rational arithmetic: the same time always falls in the same step)."""
+    return math.floor(int(t_ns) * Fraction(ocr_fps) / NS_PER_S)
 
 
-def spread(samples: list[int], detected: dict[int, list[BoxT]], n: int, valid: np.ndarray) -> list[list[BoxT]]:
-    """Boxes per row: the union of the sample at/before and the sample at/after the row;
-    a sampled row also gets both neighbouring samples' boxes."""
-    out: list[list[BoxT]] = [[] for _ in range(n)]
-    if not samples:
-        return out
-    k = 0
-    for i in range(n):
+def sample_rows(t_ns: np.ndarray | None, valid: np.ndarray, ocr_fps: float,
+                last_step: int | None = None) -> tuple[list[int], int | None]:
+    """Rows to OCR and the grid step of the last valid row: a valid row is sampled when it is
+    the first at or after a new ``1/ocr_fps`` step of the stream, ``last_step`` being the step
+    of the stream's previous valid row (None: none yet). Without ``t_ns`` every valid row is
+    sampled (the step counts valid rows)."""
+    fps = Fraction(ocr_fps)
+    picked = []
+    for i in range(len(valid)):
         if not valid[i]:
             continue
-        while k + 1 < len(samples) and samples[k + 1] <= i:
-            k += 1
-        if samples[k] == i:
-            src = [samples[j] for j in (k - 1, k, k + 1) if 0 <= j < len(samples)]
-        elif samples[k] < i:
-            src = [samples[k]] + ([samples[k + 1]] if k + 1 < len(samples) else [])
-        else:  # before the first sample (cannot happen: the first valid row is sampled)
-            src = [samples[k]]
-        pool: list[BoxT] = []
-        for s in src:
-            pool.extend(detected.get(s, ()))
-        out[i] = merge_boxes(pool)
-    return out
+        step = (last_step + 1 if last_step is not None else 0) if t_ns is None else grid_step(int(t_ns[i]), fps)
+        if last_step is None or step > last_step:
+            picked.append(i)
+        last_step = step if last_step is None else max(step, last_step)
+    return picked, last_step
+
+
+def _stream_range(table: pa.Table) -> tuple[str | None, int | None, int | None]:
+    """(stream id: the event_id prefix, first and last ``t_ns``, else ``frame_index``)."""
+    stream = None
+    if "event_id" in table.column_names and table.num_rows:
+        first = table.column("event_id")[0].as_py()
+        stream = str(first).rsplit("/", 1)[0] if first is not None else None
+    for name in ("t_ns", "frame_index"):
+        if name in table.column_names and table.num_rows:
+            col = table.column(name)
+            a, b = col[0].as_py(), col[table.num_rows - 1].as_py()
+            if a is not None and b is not None:
+                return stream, int(a), int(b)
+    return stream, None, None
 
 
 def merge_boxes(boxes: list[BoxT]) -> list[BoxT]:
@@ -423,5 +581,5 @@ def _span_boxes(spans: list[tuple[int, int, int, OcrWord]], start: int, end: int
     return out
 
 
-__all__ = ["FrameTextConfig", "FrameTextOperator", "config_from_policy", "encode_pgm", "merge_boxes",
-           "ocr_scale_for", "parse_tsv", "sample_rows", "spread"]
+__all__ = ["FrameTextConfig", "FrameTextOperator", "config_from_policy", "encode_pgm", "grid_step", "merge_boxes",
+           "ocr_scale_for", "parse_tsv", "sample_rows"]

@@ -10,7 +10,7 @@ import pytest
 
 from modalign.operators.deid import frame_text as ft
 from modalign.operators.deid.faces import DEID_TYPE
-from modalign.operators.deid.frame_text import FrameTextConfig, FrameTextOperator, encode_pgm, parse_tsv, sample_rows, spread
+from modalign.operators.deid.frame_text import FrameTextConfig, FrameTextOperator, encode_pgm, parse_tsv, sample_rows
 from modalign.schemas.errors import ComplianceError
 
 pytestmark = pytest.mark.unit
@@ -92,6 +92,12 @@ def frames_table(frames: list[np.ndarray], start: int = 0) -> pa.Table:
     )
 
 
+def deid(op: FrameTextOperator, *tables: pa.Table) -> pa.Table:
+    """The operator's whole output for one stream fed as ``tables``: every call's rows, then the flush."""
+    outs = [op.process(t) for t in tables] + op.flush()
+    return pa.concat_tables([o for o in outs if o.num_rows] or outs[:1])
+
+
 def out_frames(table: pa.Table) -> np.ndarray:
     return table.column("frame").combine_chunks().to_numpy_ndarray()
 
@@ -118,26 +124,29 @@ def op() -> FrameTextOperator:
 
 @pytest.fixture(scope="module")
 def change_seq(op):
-    """10 frames at 25 fps, text A in frames 0-4 and B in 5-9; OCR samples fall on 0, 7, 9."""
+    """10 frames at 25 fps, text A in frames 0-4 and B in 5-9; OCR samples fall on 0 and 7 (the
+    grid) and 9 (the end of the stream)."""
     a, b = render(TEXT_A), render(TEXT_B)
     frames = [a] * 5 + [b] * 5
     table = frames_table(frames)
     before = out_frames(table).copy()
-    out = op.process(table)
+    out = deid(op, table)
     return table, before, out, ["A"] * 5 + ["B"] * 5
 
 
 # -- pure helpers -----------------------------------------------------------------------------
-def test_sample_rows_first_at_each_step_plus_ends():
+def test_sample_rows_first_at_each_step_of_the_stream():
     t = np.arange(10) * 40_000_000
-    assert sample_rows(t, np.ones(10, bool), 4.0) == [0, 7, 9]
-    # a table starting mid-step: its first row is sampled, then the first row after 250 ms steps
+    assert sample_rows(t, np.ones(10, bool), 4.0) == ([0, 7], 1)
+    # a table starting mid-step: only the first row after each 250 ms step of the stream
     t2 = 100_000_000 + np.arange(12) * 40_000_000
-    assert sample_rows(t2, np.ones(12, bool), 4.0) == [0, 4, 10, 11]
+    assert sample_rows(t2, np.ones(12, bool), 4.0, last_step=0) == ([4, 10], 2)
+    assert sample_rows(t2[5:], np.ones(7, bool), 4.0, last_step=1) == ([5], 2)  # batching changes nothing
     valid = np.ones(10, bool)
     valid[[0, 9]] = False
-    assert sample_rows(t, valid, 4.0) == [1, 7, 8]
-    assert sample_rows(None, np.ones(3, bool), 4.0) == [0, 1, 2]
+    assert sample_rows(t, valid, 4.0) == ([1, 7], 1)
+    assert sample_rows(None, np.ones(3, bool), 4.0) == ([0, 1, 2], 2)
+    assert ft.grid_step(250_000_000, 4.0) == 1 and ft.grid_step(249_999_999, 4.0) == 0
 
 
 def test_ocr_scale_capped_by_pixels():
@@ -145,12 +154,6 @@ def test_ocr_scale_capped_by_pixels():
     assert ft.ocr_scale_for(1280, 720, 2.0, 1280 * 720) == 1.0
     assert ft.ocr_scale_for(3840, 2160, 2.0, 1280 * 720) == 1.0  # never downscaled
     assert ft.ocr_scale_for(960, 540, 2.0, 1280 * 720) == pytest.approx(4 / 3)
-
-
-def test_spread_unions_neighbouring_samples():
-    a, b = (0, 0, 5, 5, 1.0), (50, 50, 60, 60, 1.0)
-    got = spread([0, 7, 9], {0: [a], 7: [b], 9: []}, 10, np.ones(10, bool))
-    assert got[0] == [a, b] and got[3] == [a, b] and got[7] == [a, b] and got[8] == [b] and got[9] == [b]
 
 
 def test_config_from_policy():
@@ -220,9 +223,9 @@ def test_columns_headers_and_no_mutation(change_seq, op):
         assert hd["method"] == "blur_permute" and hd["detector"].startswith("tesseract@")
         assert all(PANEL[0] <= b["x0"] < b["x1"] <= PANEL[2] and PANEL[1] <= b["y0"] < b["y1"] <= PANEL[3]
                    for b in bs)
-    again = op.process(table)  # deterministic for a given secret
-    assert np.array_equal(out_frames(again), out_frames(out))
-    other = FrameTextOperator(FrameTextConfig(secret=b"u" * 32)).process(table)
+    again = deid(op, table)  # deterministic for a given secret
+    assert again.equals(out)
+    other = deid(FrameTextOperator(FrameTextConfig(secret=b"u" * 32)), table)
     assert not np.array_equal(out_frames(other), out_frames(out))
 
 
@@ -231,7 +234,7 @@ def test_frames_without_pii_text_are_bit_identical(op):
     face_deid = pa.array([{"policy": "p", "method": "blur_permute", "detector": "mp", "count": 0,
                            "threshold": 0.5}] * 3, type=DEID_TYPE)
     table = frames_table([clean] * 3).append_column("deid", face_deid)
-    out = op.process(table)
+    out = deid(op, table)
     assert np.array_equal(out_frames(out), out_frames(table))
     assert out.column("text_boxes").to_pylist() == [[], [], []]
     assert out.column("deid").equals(table.column("deid"))  # the face header is kept as it is
@@ -306,7 +309,7 @@ def test_sample_panel_pii_removed(sample_frames, op):
             "t_ns": pa.array(ts[lo:hi], pa.int64()),
             "frame": pa.FixedShapeTensorArray.from_numpy_ndarray(np.stack(frames[lo:hi])),
         })
-        got.extend(out_frames(op.process(table)))
+        got.extend(out_frames(deid(op, table)))
     for i in picks:
         read = ocr_text(got[i], PANEL_BOX)
         leaked = [p.kind for p in planted if p.page_index == pages[i] and norm(p.value) in read]
