@@ -6,6 +6,9 @@ so it is unit-testable in-process. ``pipeline/`` wires operators into actors and
 
 Contract (checked for every registered operator by tests/unit/test_operator_contract.py):
 ``process`` never mutates its input, output matches ``output_schema`` and is deterministic.
+A table operator that needs look-ahead across the tables of a stream (frame text) may hold
+rows back: it returns them, in stream order, from a later ``process`` or from ``flush()``,
+which the caller calls at the end of each stream; ``reset()`` drops carried state.
 """
 
 from __future__ import annotations
@@ -88,3 +91,10 @@ class TableOperator(Operator[C]):
     def output_schema(self, input_schema: pa.Schema) -> pa.Schema:
         """Schema of ``process``'s output for a given input schema (default: unchanged)."""
         return input_schema
+
+    def flush(self) -> list[pa.Table]:
+        """End of a stream: the rows still held back, in order (default: none are held)."""
+        return []
+
+    def reset(self) -> None:
+        """Forget what is carried between the tables of a stream (default: nothing is)."""

@@ -201,14 +201,13 @@ class IngestWorker:
                 del raw  # the raw batch ends here, in this process
                 yield clean
             for k, op in enumerate(ops[1:], start=2):  # end of stream: held-back rows, in order
-                for held in op.flush() if hasattr(op, "flush") else ():
+                for held in op.flush():
                     for later in ops[k:]:
                         held = later.process(held)
                     yield held
         except BaseException:
             for op in ops[1:]:
-                if hasattr(op, "reset"):
-                    op.reset()
+                op.reset()
             raise
         if source_error is not None:
             raise source_error

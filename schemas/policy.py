@@ -138,7 +138,8 @@ class FrameTextPolicy(_Strict):
     """
 
     action: Literal["blur_permute", "keep"] = "blur_permute"
-    ocr_fps: float = Field(4.0, gt=0, le=30, description="frames OCRed per second of video (plus each batch's ends)")
+    ocr_fps: float = Field(4.0, gt=0, le=30,
+                           description="frames OCRed per second of video (on the stream's clock, plus its last frame)")
     legal_basis: str = Field("", description="free-text note recorded with the policy")
 
 

@@ -149,6 +149,12 @@ def test_worker_flushes_held_rows_before_a_source_error_and_resets_on_failure():
         def process(self, t):
             return t.set_column(0, "x", pa.compute.multiply(t.column("x"), 2))
 
+        def flush(self):
+            return []
+
+        def reset(self):
+            pass
+
     hold = HoldLast()
     got = list(IngestWorker._deidentified([Source(None), hold, Double()], None))
     assert [t.column("x").to_pylist() for t in got] == [[2], [4], [6]]  # the flushed row went through Double
@@ -160,7 +166,7 @@ def test_worker_flushes_held_rows_before_a_source_error_and_resets_on_failure():
             seen.append(t.column("x").to_pylist())
     assert seen == [[2], [4], [6]] and hold.held is None
 
-    class Broken:
+    class Broken(Double):
         def process(self, t):
             if t.column("x")[0].as_py() == 3:
                 raise ComplianceError("ocr failed", stage="frame_text")

@@ -168,12 +168,11 @@ def test_table_operator_contract(kind, tmp_path):
     before = [bytes(b) if b is not None else None for col in table.columns for ch in col.chunks for b in ch.buffers()]
 
     def run() -> pa.Table:  # the whole output for the table as one stream (look-ahead operators flush)
-        out = [op.process(table)] + (op.flush() if hasattr(op, "flush") else [])
+        out = [op.process(table)] + op.flush()
         return pa.concat_tables([t for t in out if t.num_rows] or out[:1])
 
     out1 = run()
-    if hasattr(op, "reset"):
-        op.reset()
+    op.reset()
     out2 = run()
 
     after = [bytes(b) if b is not None else None for col in table.columns for ch in col.chunks for b in ch.buffers()]
