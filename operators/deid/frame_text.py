@@ -294,10 +294,12 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
         st = self._state
         if st is not None:
             later = st.last_order is None or first is None or first > st.last_order
-            if st.stream != stream or not later:
-                if st.held is not None:
+            if st.stream != stream or not later:  # another stream, not flushed: its rows must not go out here
+                dropped = (0 if st.held is None else st.held.num_rows) + sum(t.num_rows for t in self._done)
+                if dropped:
                     log.warning("frame_text: %d held frame(s) of %s dropped (withheld): the stream was not flushed",
-                                st.held.num_rows, st.stream)
+                                dropped, st.stream)
+                self._done.clear()
                 st = self._state = None
             elif not st.schema.equals(table.schema, check_metadata=False):
                 self._finish_segment()  # a new frame shape: the held frames end their segment
@@ -313,7 +315,7 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
         samples, st.last_step = sample_rows(t_ns, valid, cfg.ocr_fps, st.last_step)
 
         held_n = 0 if st.held is None else st.held.num_rows
-        rows = table if st.held is None else pa.concat_tables([st.held, table.cast(st.held.schema)])
+        rows = table if st.held is None else pa.concat_tables([st.held, table])  # zero-copy; metadata: the first's
         ok = st.valid + [bool(v) for v in valid]
         boxes = st.boxes + [[] for _ in range(len(frames))]
         prev = 0 if st.sample is not None else None  # position of the last sample in ``rows``
