@@ -192,7 +192,6 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
         self._tesseract: str | None = None
         self._tess_version = "?"
         self._env: dict[str, str] = {}
-        self._fps = Fraction(self.config.ocr_fps)  # exact: the grid step of a time never depends on rounding
         self._state: _Stream | None = None
         self._done: list[pa.Table] = []  # anonymised tables not returned yet, in stream order
 
