@@ -34,7 +34,7 @@ FBox = tuple[float, float, float, float]
 
 MATCH_OVERLAP = 0.1  # IoU (or intersection over the smaller box) that continues a track
 GROWTH_PER_S = 0.5  # padding added per second of misses, as a fraction of the box's size, per side
-MAX_SPEED = 3.0  # box sizes per second: a faster estimate is noise (a wrong match), clipped
+MAX_SPEED = 10.0  # box sizes per second: a faster estimate is noise (a wrong match), clipped
 MIN_MISSES = 3  # consecutive confident frames without the face before a confirmed track may end
 SMOOTHING = 0.5  # weight of the newest velocity measurement
 CONFIRM_SCORE = 0.75  # one detection this sure confirms a track at once
@@ -154,13 +154,15 @@ class FaceTracks:
         return clip(box, score, self.w, self.h)
 
 
-def interpolate(frames: list[list[Seen]], times: list[int], w: int, h: int, back: int) -> list[list[BoxT]]:
+def interpolate(frames: list[list[Seen]], times: list[int], w: int, h: int, back: int,
+                hold_s: float = 0.0) -> list[list[BoxT]]:
     """Boxes per frame of a table, refined with hindsight from ``FaceTracks.update``'s output.
 
     A carried box between two detections of its track is replaced by the box interpolated
     between them (padded by ``GROWTH_PER_S`` per second to the nearer detection); up to
-    ``back`` frames before a track's first detection in the table get its box moved back in
-    time with the track's first measured velocity (a face entering, or found late).
+    ``back`` frames before a track's first detection in the table, or all frames up to
+    ``hold_s`` before it for a confirmed track (two detections, or one of ``CONFIRM_SCORE``),
+    get its box moved back in time with its first measured velocity (a face found late).
     """
     out = [[s.box for s in seen] for seen in frames]
     hits: dict[int, list[int]] = {}
@@ -192,7 +194,10 @@ def interpolate(frames: list[list[Seen]], times: list[int], w: int, h: int, back
             size = max(base[2] - base[0], base[3] - base[1], 1.0)
             vel = tuple(max(-MAX_SPEED * size, min(MAX_SPEED * size, (y - x) / dt))
                         for x, y in zip(base, _f(boxes[idx[1]])))
-        for j in range(max(0, first - back), first):
+        confirmed = len(idx) > 1 or boxes[first][4] >= CONFIRM_SCORE
+        for j in range(first - 1, -1, -1):
+            if first - j > back and not (confirmed and times[first] - times[j] <= hold_s * 1e9):
+                break
             box = clip(moved(base, vel, (times[j] - times[first]) / 1e9), boxes[first][4], w, h)
             if box is not None:
                 out[j].append(box)
@@ -200,12 +205,16 @@ def interpolate(frames: list[list[Seen]], times: list[int], w: int, h: int, back
 
 
 def moved(box: FBox, vel: FBox, dt_s: float) -> FBox:
-    """``box`` moved by ``vel`` over ``dt_s`` seconds (either sign) and padded by ``GROWTH_PER_S``
-    of its size per second of ``|dt_s|`` on each side."""
+    """``box`` moved by ``vel`` over ``dt_s`` seconds (either sign): its centre moves with the
+    edges' mean velocity, its size changes only where that makes it larger (a guess never
+    shrinks), and it is padded by ``GROWTH_PER_S`` of its size per second of ``|dt_s|``."""
     grow = GROWTH_PER_S * abs(dt_s)
-    x0, y0, x1, y1 = (b + v * dt_s for b, v in zip(box, vel))
-    bw, bh = x1 - x0, y1 - y0
-    return x0 - grow * bw, y0 - grow * bh, x1 + grow * bw, y1 + grow * bh
+    cx = (box[0] + box[2]) / 2 + (vel[0] + vel[2]) / 2 * dt_s
+    cy = (box[1] + box[3]) / 2 + (vel[1] + vel[3]) / 2 * dt_s
+    bw = (box[2] - box[0]) + max(0.0, (vel[2] - vel[0]) * dt_s)
+    bh = (box[3] - box[1]) + max(0.0, (vel[3] - vel[1]) * dt_s)
+    hw, hh = bw * (0.5 + grow), bh * (0.5 + grow)
+    return cx - hw, cy - hh, cx + hw, cy + hh
 
 
 def clip(box: FBox, score: float, w: int, h: int) -> BoxT | None:

@@ -20,8 +20,9 @@ in a frame, so a face is re-found (and its box stays tight) rather than guessed.
 Temporal consistency (faces fail closed): detections feed face tracks
 (``modalign.operators.deid.face_tracks``, kept across the tables of one stream, same
 ``event_id`` prefix, later ``t_ns``). Each face gets one box per frame: its detection, the
-box interpolated between two detections around a miss, its box moved back in time for the
-``temporal_window`` frames before it was first found, or, forward in time and at the end
+box interpolated between two detections around a miss, its box moved back in time for up
+to ``track_hold_s`` before it was first found in the table (``temporal_window`` frames for
+a single weak detection), or, forward in time and at the end
 of a table, its last box moved with its velocity and widened until the track has been
 missed for ``FacePolicy.track_hold_s`` and in 3 fully scanned frames in a row (a weak
 detection never seen again is dropped after 2 frames: hands and textures). With
@@ -388,7 +389,8 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
             if missed:  # a tracked face the first pass lost: look again, closer
                 boxes = _merge(boxes + self._detect(table, imgs[i], i, tiled[i], near=missed))
             seen.append(self._tracks.update(times[i], boxes, confident=tiled[i]))
-        return [_merge(b) for b in interpolate(seen, times, w, h, self.config.face.temporal_window)]
+        pol = self.config.face
+        return [_merge(b) for b in interpolate(seen, times, w, h, pol.temporal_window, pol.track_hold_s)]
 
     def _assemble(self, table: pa.Table, frames: pa.Array, applied: list[list[BoxT]], method: str) -> pa.Table:
         header = {"policy": self.config.policy_tag, "method": method, "detector": self.detector_name,

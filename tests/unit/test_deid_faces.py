@@ -297,3 +297,32 @@ def test_mask_action_fills_the_box_with_one_colour(op, canvas):
     assert (region == region[0]).all()
     assert np.array_equal(got[~box_mask(b)], canvas[~box_mask(b)])
     assert out.column("deid")[0].as_py()["method"] == "mask"
+
+
+def test_face_the_first_detector_misses_is_caught_by_the_second_pass():
+    """LFW subset face 70 (25x25, upscaled to 160 px): the full-range model misses it whole and
+    on every tile; the short-range model on the tiles finds it, and the operator blurs it."""
+    import cv2
+    from skimage.data import lfw_subset
+
+    from modalign.operators.deid.faces import _MediapipeDetector
+
+    img = np.full((720, 1280, 3), 110, np.uint8)
+    face = cv2.resize((lfw_subset()[70] * 255).round().astype(np.uint8), (160, 160), interpolation=cv2.INTER_CUBIC)
+    img[280:440, 560:720] = face[..., None]
+    assert _MediapipeDetector(1, 0.5, 2, second=False).detect(img) == []  # the first pass alone misses it
+    o = FaceBlurOperator(FaceBlurConfig(secret=SECRET))
+    o.setup()
+    out = o.process(frames_table([img]))
+    (b,) = out.column("face_boxes")[0].as_py()
+    assert b["x0"] <= 580 and b["y0"] <= 300 and b["x1"] >= 700 and b["y1"] >= 420  # the face's centre 120 px
+    got = out_frames(out)[0]
+    assert np.abs(got[300:420, 580:700].astype(np.int16) - img[300:420, 580:700]).mean() > 20
+    assert o.process(frames_table([img])).equals(out)  # deterministic
+
+
+def test_second_look_near_a_lost_track_refinds_the_face(op, canvas):
+    """``detect_near`` on a crop around a tracked face's predicted box finds the face there."""
+    (b,) = [x for x in op._detector.detect(canvas) if x[4] >= 0.5][:1]
+    near = op._detector.detect_near(canvas, [(b[0] - 20, b[1] - 20, b[2] + 20, b[3] + 20)])
+    assert near and any(n[0] < FACE_CENTRE[0] < n[2] and n[1] < FACE_CENTRE[1] < n[3] for n in near)
