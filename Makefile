@@ -6,7 +6,13 @@
 PYTHON  ?= python3.11
 VENV    ?= .venv
 BIN     := $(VENV)/bin
-APT_PKGS := tesseract-ocr tesseract-ocr-eng poppler-utils espeak-ng
+APT_PKGS := tesseract-ocr tesseract-ocr-eng poppler-utils espeak-ng wamerican
+# deid-eval and its tests only: more voices, real videos with faces, real manuals (text precision)
+EVAL_APT_PKGS := flite opencv-doc quilt cvs libtasn1-doc pstoedit blktrace xmlformat-doc debdelta-doc purifyeps \
+                 pssh tig srf-doc coccinelle-doc shared-mime-info
+EVAL_FILES := /usr/bin/flite /usr/share/doc/opencv-doc/examples/data/vtest.avi /usr/share/doc/quilt/quilt.pdf \
+              /usr/share/doc/coccinelle/manual.pdf /usr/share/doc/srf-doc/SRF_v_1_3_2_June_19th_2008-0001.pdf \
+              /usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf /usr/share/doc/pssh/pssh-HOWTO.pdf
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 LOCK    := $(shell cat pyproject.toml requirements/no-deps.txt | sha256sum | cut -c1-12)
 STAMP   := $(VENV)/.installed-$(LOCK)
@@ -19,9 +25,11 @@ setup: system-deps $(STAMP)
 
 system-deps:
 	@if ! command -v tesseract >/dev/null || ! tesseract --list-langs 2>/dev/null | grep -qx eng \
-	    || ! command -v pdftoppm >/dev/null || ! command -v espeak-ng >/dev/null; then \
-	  echo "installing Debian packages: $(APT_PKGS)"; \
-	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(APT_PKGS); \
+	    || ! command -v pdftoppm >/dev/null || ! command -v espeak-ng >/dev/null || ! test -s /usr/share/dict/words \
+	    || ! ls $(EVAL_FILES) >/dev/null 2>&1; then \
+	  echo "installing Debian packages: $(APT_PKGS) $(EVAL_APT_PKGS)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+	    $(APT_PKGS) $(EVAL_APT_PKGS); \
 	fi
 
 $(STAMP): pyproject.toml requirements/no-deps.txt

