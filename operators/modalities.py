@@ -133,9 +133,10 @@ def _audio_source(ctx: DeidContext) -> Any:
     from modalign.operators.ingest.audio import AudioMfccOperator
 
     cfg = ctx.config
-    # Voice anonymisation happens on the waveform, before MFCC, in this process.
-    return AudioMfccOperator(cfg.ingest.audio,
-                             waveform_transform=voice_transform(cfg.policy.voice, cfg.ingest.audio.sample_rate_hz))
+    # Voice anonymisation happens on the waveform, before MFCC, in this process, keyed by the tenant.
+    secret = ctx.subkey(b"voice-anonymisation") if cfg.policy.voice.action == "anonymise" else None
+    return AudioMfccOperator(cfg.ingest.audio, waveform_transform=voice_transform(
+        cfg.policy.voice, cfg.ingest.audio.sample_rate_hz, secret=secret))
 
 
 def _voice(ctx: DeidContext) -> Any:
@@ -147,7 +148,7 @@ def _voice(ctx: DeidContext) -> Any:
 
 
 def _voice_counter(column: str, header: dict[str, Any], rows: int) -> tuple[str, int]:
-    """MFCC frames stored per voice method (``voice_frames:keep_mfcc``, ``voice_frames:mcadams...``)."""
+    """MFCC frames stored per voice method (``voice_frames:voiceanon@2/...``, ``voice_frames:waveform_dropped``)."""
     return f"voice_frames:{header['method']}", rows
 
 

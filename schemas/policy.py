@@ -14,9 +14,12 @@ Actions per modality:
   ``keep`` (no change; only for consented footage). Faces are tracked so that a face seen
   in neighbouring frames keeps a box that follows it (``FacePolicy.track_hold_s``), and a
   second detector pass looks where the first lost a tracked face (``second_pass``).
-- voice: ``keep_mfcc`` (waveform dropped, MFCCs of the original voice kept), ``anonymise``
-  (McAdams pole-angle warping of the waveform before the MFCCs, see
-  ``modalign.operators.deid.voice``), ``drop`` (no voice-derived data kept).
+- voice: ``anonymise`` (default: before the MFCCs, each utterance of the waveform gets its
+  own keyed McAdams + VTLN formant warp and a keyed monotone pitch, see
+  ``modalign.operators.deid.voice``; MFCCs of an un-anonymised voice are biometric data,
+  GDPR Art. 9, so they are not the default), ``keep_mfcc`` (waveform dropped, MFCCs of the
+  original voice kept: only with consent or another Art. 9(2) basis), ``drop`` (no
+  voice-derived data kept).
 - text, per entity type: ``pseudonymise`` (``<PERSON_3f9a1c2b>``: keyed, consistent within
   a tenant), ``hash`` (the full 64-hex keyed HMAC-SHA256: a collision-free join key; never
   an unkeyed hash, which a dictionary of phone numbers or birth dates would reverse),
@@ -79,17 +82,31 @@ class FacePolicy(_Strict):
 
 
 class VoicePolicy(_Strict):
-    action: VoiceAction = "keep_mfcc"
-    mcadams_alpha: float = Field(
-        0.8, gt=0.5, lt=1.5,
-        description="anonymise: McAdams coefficient; LPC pole angles phi become phi**alpha (1.0 = no change)",
+    action: VoiceAction = "anonymise"
+    segment_s: float = Field(
+        4.0, ge=0.5, le=60.0,
+        description="anonymise: utterance length on the stream's sample clock; each utterance draws its own parameters",
+    )
+    mcadams_alpha_range: tuple[float, float] = Field(
+        (0.55, 1.0), description="anonymise: per-utterance McAdams coefficient range; pole angles phi become phi**alpha",
+    )
+    vtln_warp_range: tuple[float, float] = Field(
+        (-0.2, 0.2), description="anonymise: per-utterance all-pass (VTLN) warp range; > 0 moves formants up",
+    )
+    f0_range_hz: tuple[float, float] = Field(
+        (80.0, 250.0), description="anonymise: per-utterance monotone pitch range that replaces the speaker's pitch",
     )
     legal_basis: str = Field("", description="free-text note recorded with the policy")
 
     @model_validator(mode="after")
-    def _alpha_changes_voice(self) -> "VoicePolicy":
-        if self.action == "anonymise" and abs(self.mcadams_alpha - 1.0) < 0.05:
-            raise ValueError("voice.mcadams_alpha within 0.05 of 1.0 does not anonymise; use e.g. 0.8")
+    def _ranges_change_voice(self) -> "VoicePolicy":
+        (a0, a1), (w0, w1), (f0, f1) = self.mcadams_alpha_range, self.vtln_warp_range, self.f0_range_hz
+        if not (0.5 < a0 <= a1 < 1.5 and -0.4 <= w0 <= w1 <= 0.4 and 50.0 <= f0 <= f1 <= 400.0):
+            raise ValueError("voice ranges must be ordered (low, high) within mcadams_alpha (0.5, 1.5), "
+                             "vtln_warp [-0.4, 0.4], f0_range_hz [50, 400]")
+        if self.action == "anonymise" and max(abs(a0 - 1.0), abs(a1 - 1.0)) < 0.05 and max(abs(w0), abs(w1)) < 0.05:
+            raise ValueError("voice.mcadams_alpha_range and voice.vtln_warp_range are too close to no change to "
+                             "anonymise; use e.g. mcadams_alpha_range [0.55, 1.0], vtln_warp_range [-0.2, 0.2]")
         return self
 
 
@@ -147,7 +164,7 @@ class DeidPolicy(_Strict):
     """Versioned de-identification policy for all modalities."""
 
     policy_id: str = Field("modalign-default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-    version: str = Field("3", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+    version: str = Field("4", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
     legal_basis: str = Field("", description="free-text note recorded with the policy")
     face: FacePolicy = FacePolicy()
     voice: VoicePolicy = VoicePolicy()

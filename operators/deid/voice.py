@@ -1,44 +1,44 @@
-"""Voice de-identification: the McAdams waveform transform and the voice policy of MFCC tables.
+"""Voice de-identification: the keyed per-utterance anonymiser and the voice policy of MFCC tables.
 
-Data flow: ``modalign.operators.ingest`` audio decode -> 16 kHz mono chunks -> [**McAdamsTransform**,
-policy ``anonymise`` only] -> MFCC (100 frames/s) -> **VoicePolicyOperator** -> the aligner.
+Data flow: ``modalign.operators.ingest`` audio decode -> 16 kHz mono chunks -> [**VoiceAnonymiser**,
+policy ``anonymise``] -> MFCC (100 frames/s) -> **VoicePolicyOperator** -> the aligner.
 The raw waveform is never stored: the audio ingest keeps only MFCCs, and the policy operator
 removes any waveform column that would still be present.
 
 Policy actions (``modalign.schemas.policy.VoicePolicy``):
 
+- ``anonymise`` (default): the waveform is transformed by ``VoiceAnonymiser`` *before* the
+  MFCCs are computed (a hook in the audio ingest, inside the worker process). Every
+  utterance (``segment_s`` of the stream's sample clock) gets its own McAdams coefficient,
+  VTLN warp and monotone pitch, drawn from HMAC-SHA256 of the tenant's voice sub-key, the
+  source (``session/source``) and the utterance index: so the pseudo-voice differs between
+  utterances of one speaker (an attacker who anonymises enrolment speech with the same
+  method gets other draws) and between tenants, and the same input and config give
+  byte-identical MFCCs, whatever the chunking. Timing and energy per frame are kept. The
+  transformed tables must say so in their schema metadata (``VOICE_TRANSFORM_META`` = the
+  transform's ``name``); the operator refuses (``ComplianceError``) tables without the
+  matching marker: a missing hook never produces "anonymised" features of the original voice.
 - ``keep_mfcc``: MFCC frames of the original voice pass with a ``deid`` header (method
-  ``waveform_dropped``). MFCCs still carry the speaker's timbre.
-- ``anonymise``: the waveform is transformed with ``McAdamsTransform`` *before* the MFCCs
-  are computed (a hook in the audio ingest, inside the worker process), so the MFCCs
-  describe a voice with shifted formants while timing, energy and phonetic content stay
-  usable (VAD, alignment, speech features). The transformed tables must say so in their
-  schema metadata (``VOICE_TRANSFORM_META`` = the transform's ``name``); the operator
-  refuses (``ComplianceError``) tables without the matching marker: a missing hook never
-  produces "anonymised" features of the original voice.
+  ``waveform_dropped``). MFCCs still carry the speaker's timbre: biometric data (GDPR Art. 9).
 - ``drop``: all voice features are withheld (zero rows, same schema).
 
-McAdams transform (Patino et al., "Speaker anonymisation using the McAdams coefficient",
-Interspeech 2021; the VoicePrivacy Challenge baseline B2): per 20 ms frame (10 ms hop,
-periodic Hann, which sums to one at 50 % overlap), estimate an order-20 LPC model by the
-autocorrelation method, take its residual, raise the angle ``phi`` of every complex pole
-to ``phi ** alpha`` (conjugates mirrored, radii kept, so the filter stays stable) and
-re-synthesise the frame from the residual through the warped filter; frames are
-overlap-added. With ``alpha < 1`` formants under ~2.5 kHz (1 rad) move up and those above
-move down. Each output frame is scaled to its input frame's energy, so the energy contour
-(and an energy VAD) is unchanged. ``alpha == 1`` reconstructs the input exactly (up to
-float rounding). numpy/scipy only; 70-100x real time on one core (MFCC: >1000x).
+Measured by ``modalign.pipeline.deid_eval.voice`` (``benchmarks/voice_linkability.py``):
+resemblyzer EER of the ignorant and lazy-informed attackers, pocketsphinx WER before/after.
+The warps that defeat the speaker encoder also cost recognition accuracy (see the report).
 
-Chunking: each chunk handed to the transform is processed on its own (zero-padded half a
-frame at both ends); output length equals input length, so sample timing is untouched. A
-chunk seam differs from a one-shot transform only within one frame (20 ms) of the seam.
-Linkability of the result is measured by ``modalign.pipeline.deid_eval`` (resemblyzer speaker
-similarity before/after); a fixed ``alpha`` protects against an attacker who compares
-anonymised speech with original enrolment speech, not against one who anonymises their
-enrolment speech with the same ``alpha``.
+``McAdamsTransform`` (Patino et al., Interspeech 2021; VoicePrivacy baseline B2) is the fixed-
+alpha building block, kept for comparison: per 20 ms frame (10 ms hop, periodic Hann) an
+order-20 LPC model, pole angles ``phi -> phi ** alpha`` (radii kept, so the filter stays
+stable), re-synthesis from the residual, overlap-add, each frame scaled to its input energy.
+A fixed alpha gives one consistent pseudo-voice per speaker, which the lazy-informed attacker
+links (EER ~12 %). numpy/scipy only.
 """
 
 from __future__ import annotations
+
+import hashlib
+import hmac
+import math
 
 import numpy as np
 import pyarrow as pa
@@ -145,17 +145,24 @@ def _lpc(frames: np.ndarray, order: int) -> np.ndarray:
     return a
 
 
-def _warp_poles(a: np.ndarray, alpha: float) -> np.ndarray:
-    """Raise the angle of each complex root of ``a`` to ``alpha`` (radius kept); real coefficients."""
+def _warp_poles(a: np.ndarray, alpha: float | np.ndarray, warp: float | np.ndarray = 0.0) -> np.ndarray:
+    """Move the complex roots of ``a``: angle ``phi -> phi ** alpha``, then the all-pass (VTLN)
+    map ``phi -> phi + 2 atan(warp sin phi / (1 - warp cos phi))``; radii kept. Per-frame
+    ``alpha``/``warp`` arrays or scalars; real coefficients out."""
     f, p1 = a.shape
     p = p1 - 1
+    alpha = np.broadcast_to(np.asarray(alpha, dtype=np.float64), (f,))[:, None]
+    warp = np.broadcast_to(np.asarray(warp, dtype=np.float64), (f,))[:, None]
     comp = np.zeros((f, p, p))
     comp[:, 0, :] = -a[:, 1:]
     comp[:, np.arange(1, p), np.arange(p - 1)] = 1.0
     roots = np.linalg.eigvals(comp)  # (F, p) poles of 1/A(z)
     ang = np.angle(roots)
     complex_pole = np.abs(roots.imag) > 1e-9
-    new_ang = np.where(complex_pole, np.sign(ang) * np.abs(ang) ** alpha, ang)
+    mag = np.abs(ang) ** alpha
+    if np.any(warp != 0.0):
+        mag = mag + 2.0 * np.arctan(warp * np.sin(mag) / (1.0 - warp * np.cos(mag)))
+    new_ang = np.where(complex_pole, np.sign(ang) * mag, ang)
     new_roots = np.abs(roots) * np.exp(1j * new_ang)
     poly = np.zeros((f, p1), dtype=complex)
     poly[:, 0] = 1.0
@@ -164,14 +171,156 @@ def _warp_poles(a: np.ndarray, alpha: float) -> np.ndarray:
     return poly.real
 
 
-def voice_transform(policy: VoicePolicy, sample_rate_hz: int = 16000) -> McAdamsTransform | None:
+ANON_VERSION = "2"
+
+
+class VoiceAnonymiser:
+    """Callable ``(samples, start_sample, source_key) -> samples``: keyed per-utterance voice warping.
+
+    Per 20 ms frame on the stream's sample clock (frame ``j`` covers stream samples
+    ``[(j-1)*hop, (j+1)*hop)``, hop 10 ms; periodic Hann, overlap-added): an order-20 LPC model;
+    its pole angles ``phi`` become ``phi ** alpha`` (McAdams) and then go through the all-pass
+    (VTLN) map ``phi + 2 atan(warp sin phi / (1 - warp cos phi))``; in voiced frames (normalised
+    autocorrelation of the 40 ms LPC residual) the residual is replaced by a pulse train at
+    ``f0`` on a stream-global lattice (pulses at ``round(m * rate / f0)``), so neither the
+    speaker's pitch nor their glottal source survives. Each frame keeps its input energy.
+
+    ``(alpha, warp, f0)`` are drawn per utterance = ``segment_s`` of the stream's sample clock
+    (``k = sample // segment``) from HMAC-SHA256(secret, name, source_key, k): reproducible with
+    the tenant key, unpredictable without it, never from time or process state. The first
+    ``crossfade_ms`` of a segment blend the previous segment's parameters into the new ones.
+
+    Output sample ``s`` depends only on input samples within ``3 * hop`` of it: a caller that
+    passes ``context_samples`` of untransformed input on each side of what it keeps gets
+    byte-identical output for any chunking (the audio ingest does). Picklable, stateless.
+    """
+
+    def __init__(self, secret: bytes, sample_rate_hz: int = 16000, segment_s: float = 4.0,
+                 alpha_range: tuple[float, float] = (0.55, 1.0), warp_range: tuple[float, float] = (-0.2, 0.2),
+                 f0_range_hz: tuple[float, float] = (80.0, 250.0), lpc_order: int = 20, win_ms: float = 20.0,
+                 crossfade_ms: float = 100.0) -> None:
+        self._secret = bytes(secret)
+        self.sample_rate_hz = int(sample_rate_hz)
+        self.win = int(round(win_ms * sample_rate_hz / 1000)) // 2 * 2
+        self.hop = self.win // 2
+        self.order = int(lpc_order)
+        if self.win <= 2 * self.order:
+            raise ValueError("anonymiser window too short for the LPC order")
+        self.segment = max(1, int(round(segment_s * sample_rate_hz / self.hop))) * self.hop
+        self.crossfade = max(1, int(round(crossfade_ms * sample_rate_hz / 1000 / self.hop)))  # frames
+        self.alpha_range, self.warp_range, self.f0_range_hz = tuple(alpha_range), tuple(warp_range), tuple(f0_range_hz)
+        self.context_samples = 4 * self.hop
+        self.name = (f"voiceanon@{ANON_VERSION}/seg={segment_s:g}s/alpha={alpha_range[0]:.2f}..{alpha_range[1]:.2f}"
+                     f"/warp={warp_range[0]:+.2f}..{warp_range[1]:+.2f}/f0={f0_range_hz[0]:g}..{f0_range_hz[1]:g}Hz"
+                     f"/order={self.order}/win={win_ms:g}ms")
+
+    def __repr__(self) -> str:
+        return f"VoiceAnonymiser({self.name})"
+
+    def params(self, source_key: str, segment_index: int) -> np.ndarray:
+        """``(alpha, warp, f0_hz)`` of utterance (segment) ``segment_index`` of ``source_key``."""
+        msg = f"{self.name}\x00{source_key}\x00{int(segment_index)}".encode()
+        d = hmac.new(self._secret, msg, hashlib.sha256).digest()
+        u = [int.from_bytes(d[i:i + 7], "big") / float(2 ** 56) for i in (0, 7, 14)]
+        lerp = lambda r, t: r[0] + (r[1] - r[0]) * t  # noqa: E731
+        f0 = math.exp(lerp((math.log(self.f0_range_hz[0]), math.log(self.f0_range_hz[1])), u[2]))
+        return np.array([lerp(self.alpha_range, u[0]), lerp(self.warp_range, u[1]), f0])
+
+    def frame_params(self, source_key: str, frames: np.ndarray) -> np.ndarray:
+        """``(F, 3)`` parameters of stream frames ``frames`` (centre ``j * hop``), cross-faded at segment starts."""
+        centre = np.asarray(frames, dtype=np.int64) * self.hop
+        seg = centre // self.segment
+        cache = {int(k): self.params(source_key, int(k)) for k in np.unique(np.concatenate([seg, seg - 1])) if k >= 0}
+        cur = np.stack([cache[int(k)] for k in seg])
+        prev = np.stack([cache[int(k) - 1] if k > 0 else cache[int(k)] for k in seg])
+        into = (centre - seg * self.segment) // self.hop  # frames since the segment started
+        w = np.minimum(1.0, (into + 1) / self.crossfade)
+        return prev + (cur - prev) * w[:, None]
+
+    def __call__(self, samples: np.ndarray, start_sample: int = 0, source_key: str = "") -> np.ndarray:
+        from scipy.signal import lfilter
+
+        x = np.asarray(samples, dtype=np.float64).reshape(-1)
+        n, hop, win, p = x.size, self.hop, self.win, self.order
+        if n == 0:
+            return np.zeros(0, np.float32)
+        start = int(start_sample)
+        j0, j1 = start // hop, -(-(start + n) // hop) + 1  # frames j in [j0, j1) overlap the input
+        base = (j0 - 3) * hop  # stream sample of buf[0]: frame j0 starts at buf[2*hop]
+        buf = np.zeros((j1 - j0 + 6) * hop)
+        buf[start - base:start - base + n] = x
+        window = 0.5 - 0.5 * np.cos(2.0 * np.pi * np.arange(win) / win)
+        n_frames = j1 - j0
+        pos = hop * np.arange(n_frames)[:, None]
+        frames = buf[2 * hop + np.arange(win)[None, :] + pos] * window
+        energy = np.einsum("ij,ij->i", frames, frames)
+        active = energy > 1e-10 * win
+        full = np.zeros_like(frames)
+        if active.any():
+            ja = np.arange(j0, j1)[active]
+            prm = self.frame_params(source_key, ja)
+            fa = frames[active]
+            a = _lpc(fa, p)
+            a_new = _warp_poles(a, prm[:, 0], prm[:, 1])
+            long = buf[hop + np.arange(4 * hop)[None, :] + pos[active]]  # 40 ms around each frame's centre
+            rate = self.sample_rate_hz
+            lags = np.arange(rate // 400, rate // 70 + 1)
+            long_res = np.stack([lfilter(a[k], [1.0], long[k])[p:] for k in range(fa.shape[0])])
+            voicing = np.clip((_periodicity(long_res, lags) - 0.35) / 0.3, 0.0, 1.0)
+            synth = np.empty_like(fa)
+            for k in range(fa.shape[0]):
+                residual = lfilter(a[k], [1.0], fa[k])
+                w = float(voicing[k])
+                if w > 0.0:  # voiced: a pulse train at the keyed f0 on a stream-global lattice
+                    period, first = rate / prm[k, 2], (int(ja[k]) - 1) * hop
+                    m = np.arange(math.ceil(first / period), math.floor((first + win - 1) / period) + 1)
+                    at = np.round(m * period).astype(np.int64) - first
+                    pulses = np.zeros(win)
+                    pulses[at[(at >= 0) & (at < win)]] = 1.0
+                    pulses *= window
+                    pe, re = float(pulses @ pulses), float(residual @ residual)
+                    if pe > 0.0:
+                        residual = (1.0 - w) * residual + w * pulses * math.sqrt(re / pe)
+                synth[k] = lfilter([1.0], a_new[k], residual)
+            e_out = np.einsum("ij,ij->i", synth, synth)
+            synth *= np.sqrt(energy[active] / np.maximum(e_out, 1e-20))[:, None]
+            full[active] = synth
+        out = np.zeros((n_frames + 1) * hop)
+        _overlap_add(out, full, hop)
+        lo = start - (j0 - 1) * hop
+        return out[lo:lo + n].astype(np.float32)
+
+
+def _periodicity(e: np.ndarray, lags: np.ndarray) -> np.ndarray:
+    """Per row of ``e``: the largest normalised autocorrelation over ``lags`` (0: noise, 1: periodic)."""
+    n = e.shape[1]
+    nfft = 1 << int(np.ceil(np.log2(2 * n)))
+    spec = np.fft.rfft(e, nfft, axis=1)
+    r = np.fft.irfft(spec.real ** 2 + spec.imag ** 2, nfft, axis=1)[:, lags]
+    cs = np.concatenate([np.zeros((e.shape[0], 1)), np.cumsum(e * e, axis=1)], axis=1)
+    head, tail = cs[:, n - lags], cs[:, -1:] - cs[:, lags]  # energy of e[:-lag] and of e[lag:]
+    return np.max(r / np.sqrt(np.maximum(head * tail, 1e-30)), axis=1)
+
+
+def anonymiser(policy: VoicePolicy, secret: bytes | None, sample_rate_hz: int = 16000) -> VoiceAnonymiser:
+    """The policy's keyed per-utterance anonymiser. ``secret``: the tenant's voice sub-key
+    (``DeidContext.subkey``); None: a random key per call (nothing reproducible, only the name is)."""
+    import os
+
+    return VoiceAnonymiser(secret if secret is not None else os.urandom(32), sample_rate_hz=sample_rate_hz,
+                           segment_s=policy.segment_s, alpha_range=policy.mcadams_alpha_range,
+                           warp_range=policy.vtln_warp_range, f0_range_hz=policy.f0_range_hz)
+
+
+def voice_transform(policy: VoicePolicy, sample_rate_hz: int = 16000,
+                    secret: bytes | None = None) -> VoiceAnonymiser | None:
     """The waveform hook the audio ingest applies before MFCC; None unless ``anonymise``."""
     if policy.action != "anonymise":
         return None
-    return McAdamsTransform(alpha=policy.mcadams_alpha, sample_rate_hz=sample_rate_hz)
+    return anonymiser(policy, secret, sample_rate_hz)
 
 
-def mark_transformed(table: pa.Table, transform: McAdamsTransform) -> pa.Table:
+def mark_transformed(table: pa.Table, transform: VoiceAnonymiser | McAdamsTransform) -> pa.Table:
     """``table`` with schema metadata saying its MFCCs come from ``transform``'s output."""
     meta = dict(table.schema.metadata or {})
     meta[VOICE_TRANSFORM_META] = transform.name.encode()
@@ -192,17 +341,17 @@ class VoicePolicyOperator(TableOperator[VoicePolicyConfig]):
     """Apply the voice policy to MFCC tables (``event_id, t_ns, frame_index, mfcc``).
 
     Output: the input columns minus any raw-waveform column, plus ``deid`` (method
-    ``waveform_dropped``, ``mcadams@1/alpha=...`` or ``dropped``; detector ``none``;
+    ``waveform_dropped``, the anonymiser's ``voiceanon@2/...`` name or ``dropped``; detector ``none``;
     count 0). ``drop``: zero rows, same schema. ``anonymise``: the input must carry the
     ``VOICE_TRANSFORM_META`` marker of the policy's transform, else ComplianceError.
     """
 
     kind = "voice_policy"
-    version = "0.2.0"
+    version = "0.3.0"
     config_model = VoicePolicyConfig
 
     @property
-    def transform(self) -> McAdamsTransform | None:
+    def transform(self) -> VoiceAnonymiser | None:
         return voice_transform(self.config.voice, self.config.sample_rate_hz)
 
     def output_schema(self, input_schema: pa.Schema) -> pa.Schema:

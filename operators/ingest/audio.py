@@ -149,7 +149,9 @@ class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
     def __init__(self, config: AudioMfccConfig | None = None, *,
                  waveform_transform: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
         """``waveform_transform``: applied to each chunk's 16 kHz mono samples before MFCC and
-        VAD, inside this process (the voice policy's anonymisation hook, ``modalign.operators.deid.voice``)."""
+        VAD, inside this process (the voice policy's anonymisation hook, ``modalign.operators.deid.voice``).
+        One with ``context_samples`` gets ``(samples, start_sample, source_key)`` (sample index on this
+        stream's clock, ``session/source``) and that much context, so its output is chunk-independent."""
         super().__init__(config)
         self.waveform_transform = waveform_transform
 
@@ -211,17 +213,31 @@ class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
             max_samples = int(cfg.max_duration_s * cfg.sample_rate_hz)
             pending: list[np.ndarray] = []
             held, first_frame = 0, 0  # samples buffered; index of the frame starting at pending[0]
+            tf = self.waveform_transform
+            # A hook with ``context_samples`` is called (samples, start_sample, source_key) with that much
+            # untransformed input on each side of what is kept, so chunking never changes its output.
+            margin = int(getattr(tf, "context_samples", 0))
+            left = np.zeros(0, np.float32)  # the (up to) ``margin`` raw samples before pending[0]
+            source_key = f"{ctx.session_id}/{ctx.spec.id}"
 
             def emit(final: bool) -> Iterator[pa.Table]:
-                nonlocal pending, held, first_frame
-                if held < win or (not final and held < chunk):
+                nonlocal pending, held, first_frame, left
+                if held < win or (not final and held < chunk + margin):
                     return
                 raw = np.concatenate(pending) if len(pending) > 1 else pending[0]
-                x = self.waveform_transform(raw) if self.waveform_transform is not None else raw
+                if tf is None:
+                    x = raw
+                elif margin:
+                    y = tf(np.concatenate([left, raw]), first_frame * hop - left.size, source_key)[left.size:]
+                    x = y if final else y[:raw.size - margin]
+                else:
+                    x = tf(raw)
                 feats = self.mfcc(x)
                 n = feats.shape[0]
                 voiced = None if vad is None else vad(frame_energy_db(x, n, win, hop))
-                rest = raw[n * hop:].copy()  # < one window, untransformed; lets the chunk go
+                if margin:
+                    left = np.concatenate([left, raw[max(0, n * hop - margin):n * hop]])[-margin:].copy()
+                rest = raw[n * hop:].copy()  # < one window (+ margin), untransformed; lets the chunk go
                 pending, held = ([rest] if rest.size else []), rest.size
                 yield self._table(ctx, pcm.start_ns, first_frame, feats, voiced)
                 first_frame += n

@@ -24,11 +24,11 @@ found or linked:
   video frames with scale change, occlusion and motion blur, skimage's LFW subset, and the
   opencv-doc videos (face regions there: the union of dlib HOG, Haar and the anonymiser's
   own detections on the originals); frames re-detected, linked, uncovered, false boxes.
-- **voice**: espeak-ng utterances of several voices, anonymised by ``McAdamsTransform``
-  (the policy's ``mcadams_alpha``), embedded with resemblyzer's speaker encoder (256-d,
-  cosine similarity). The same-speaker threshold is the EER threshold measured on the
-  original same-voice / different-voice pairs of this set; the commonly used 0.80 is
-  reported beside it. Content kept: webrtcvad speech/non-speech agreement.
+- **voice**: espeak-ng variants, flite voices and natural speech from Debian packages, anonymised
+  by the policy's ``VoiceAnonymiser`` (keyed, per utterance), embedded with resemblyzer's
+  speaker encoder (256-d, cosine); EER of an ignorant attacker (original enrolment) and of a
+  lazy-informed one (enrolment anonymised with the same method, its own key), beside the
+  originals' EER. Content kept: pocketsphinx word error rate before/after.
 
 ``run_eval(work_dir)`` returns a JSON-able dict; ``render(report)`` a markdown report.
 Evaluation-only packages: resemblyzer (+ librosa, webrtcvad-wheels), dlib-bin,
@@ -45,7 +45,7 @@ from modalign.pipeline.deid_eval.faces import (DLIB_LINK_DISTANCE, FaceSample, e
                                               render_face_clips, render_faces)
 from modalign.pipeline.deid_eval.text import (DIRECT, QUOTA, LabelledEntity, OcrSet, build_ocr_set, eval_text, make_text_corpus,
                                               render_text, score_text)
-from modalign.pipeline.deid_eval.voice import VOICES, eer_threshold, espeak_16k, eval_voice, render_voice
+from modalign.pipeline.deid_eval.voice import QUICK_VOICE, VOICES, eer_threshold, espeak_16k, eval_voice, render_voice
 from modalign.schemas.policy import DeidPolicy
 
 
@@ -65,8 +65,7 @@ def run_eval(work_dir: Path, quick: bool = False, policy: DeidPolicy | None = No
     report["text"] = eval_text(work_dir, policy, build_ocr_set(work_dir, quota=quota))
     report["faces"] = eval_faces(n=30 if quick else 100, policy=policy)
     report["face_clips"] = eval_face_clips(quick=quick, policy=policy)
-    sweep = None if quick else tuple(sorted({0.9, policy.voice.mcadams_alpha, 0.7}, reverse=True))
-    report["voice"] = eval_voice(VOICES[:5] if quick else VOICES, alphas=sweep, policy=policy)
+    report["voice"] = eval_voice(policy=policy, **(QUICK_VOICE if quick else {"alphas": (0.8,)}))
     report["seconds"] = time.perf_counter() - t0
     return report
 

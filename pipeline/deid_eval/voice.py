@@ -1,4 +1,23 @@
-"""Voice: speaker linkability (resemblyzer) of anonymised speech."""
+"""Voice: speaker linkability (resemblyzer EER) and intelligibility (pocketsphinx WER) of anonymised speech.
+
+Corpus (``voice_corpus``): espeak-ng variants and flite voices reading ``SENTENCES``, plus natural
+speech shipped by Debian packages when installed (``pocketsphinx-testdata``: a LibriVox reader
+and the AN4 "cards" speaker; ``alsa-utils``: the speaker-test voice). Every utterance is its own
+source, so the anonymiser draws its parameters per utterance.
+
+Attackers (VoicePrivacy Challenge terms), each scored by resemblyzer cosine similarity between
+a trial utterance and an enrolment utterance (always a *different* utterance):
+
+- ignorant: anonymised trial vs original enrolment;
+- lazy-informed: anonymised trial vs enrolment anonymised by the same method with the
+  attacker's own key (a random draw of the same parameter distribution, not the tenant's).
+
+EER is where false rejects of same-speaker pairs meet false accepts of different-speaker pairs;
+50 % is chance, the original speech's EER shows that the encoder links these voices. ``rank1``
+is the share of trials whose own speaker has the highest mean enrolment score (chance ``1/N``).
+Intelligibility: pocketsphinx (en-us acoustic model, a closed-vocabulary unigram language model
+of the corpus' words, so word order gives no help) word error rate before and after.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +25,11 @@ import io
 import math
 import shutil
 import subprocess
+import tempfile
 import time
 import wave
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,29 +40,114 @@ from modalign.schemas.policy import DeidPolicy
 
 COMMON_SV_THRESHOLD = 0.80
 VOICES = ("en-us+m3", "en+f2", "en+m1", "en+f4", "en-gb+m2", "en-us+f3", "en+m7", "en-gb-x-rp+f1")
+FLITE_VOICES = ("slt", "rms", "awb", "kal")  # kal16 / awb_time are the same speakers as kal / awb
 SENTENCES = (
     "The quick brown fox jumps over the lazy dog near the river bank.",
     "Please send the quarterly report to the finance team before Friday.",
     "We will review the infrastructure budget after the planning meeting.",
 )
+PS_DATA = Path("/usr/share/pocketsphinx/test/data")
+ALSA_SOUNDS = Path("/usr/share/sounds/alsa")
+ALSA_TEXT = {"Front_Center": "front center", "Front_Left": "front left", "Front_Right": "front right",
+             "Rear_Center": "rear center", "Rear_Left": "rear left", "Rear_Right": "rear right",
+             "Side_Left": "side left", "Side_Right": "side right"}
+# the quick slice (``deid-eval --quick``, the unit test): 10 speakers, about 25 s on one core
+QUICK_VOICE: dict[str, Any] = {"voices": VOICES[:5], "flite_voices": FLITE_VOICES[:3], "natural": 2, "wer": True}
+TENANT_KEY = b"deid-eval tenant key (evaluation only)"
+ATTACKER_KEY = b"deid-eval attacker's own key"
+
+
+@dataclass(frozen=True)
+class Utterance:
+    speaker: str  # e.g. "espeak:en+f2", "flite:slt", "natural:librivox"
+    text: str  # reference transcript, lower case
+    samples: np.ndarray  # mono float32, 16 kHz
+
+
+def _to_16k(x: np.ndarray, rate: int) -> np.ndarray:
+    from scipy.signal import resample_poly
+
+    if rate == 16000:
+        return x.astype(np.float32)
+    g = math.gcd(rate, 16000)
+    return resample_poly(x, 16000 // g, rate // g).astype(np.float32)
+
+
+def _wav_16k(data: bytes | Path) -> np.ndarray:
+    with wave.open(io.BytesIO(data) if isinstance(data, bytes) else str(data)) as w:
+        rate, ch, width = w.getframerate(), w.getnchannels(), w.getsampwidth()
+        raw = w.readframes(w.getnframes())
+    if width != 2:
+        raise ValueError("only 16-bit WAV is read here")
+    x = np.frombuffer(raw[: len(raw) // (2 * ch) * 2 * ch], dtype="<i2").astype(np.float64) / 32768.0
+    return _to_16k(x.reshape(-1, ch).mean(axis=1), rate)
 
 
 def espeak_16k(text: str, voice: str) -> np.ndarray:
     """espeak-ng speech of ``text`` in ``voice``, mono float32 at 16 kHz."""
-    from scipy.signal import resample_poly
-
     exe = shutil.which("espeak-ng")
     if exe is None:
         raise DependencyMissingError("espeak-ng (speech for deid-eval)", apt="espeak-ng")
     proc = subprocess.run([exe, "-v", voice, "--stdout", text], capture_output=True, timeout=60, check=False)
     if proc.returncode != 0 or len(proc.stdout) < 64:
         raise DependencyMissingError(f"espeak-ng voice {voice}", apt="espeak-ng")
-    with wave.open(io.BytesIO(proc.stdout)) as w:
-        rate = w.getframerate()
-        raw = w.readframes(w.getnframes())
-    x = np.frombuffer(raw[: len(raw) // 2 * 2], dtype="<i2").astype(np.float64) / 32768.0
-    g = math.gcd(rate, 16000)
-    return resample_poly(x, 16000 // g, rate // g).astype(np.float32)
+    return _wav_16k(proc.stdout)
+
+
+def flite_16k(text: str, voice: str) -> np.ndarray:
+    """flite speech of ``text`` in ``voice`` (``flite -lv``), mono float32 at 16 kHz."""
+    exe = shutil.which("flite")
+    if exe is None:
+        raise DependencyMissingError("flite (speech for deid-eval)", apt="flite")
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "out.wav"
+        proc = subprocess.run([exe, "-voice", voice, "-t", text, "-o", str(out)], capture_output=True, timeout=60,
+                              check=False)
+        if proc.returncode != 0 or not out.exists():
+            raise DependencyMissingError(f"flite voice {voice}", apt="flite")
+        return _wav_16k(out)
+
+
+def natural_speech(max_per_speaker: int = 8) -> dict[str, list[Utterance]]:
+    """Recorded speech shipped by Debian packages, by speaker; empty for packages not installed."""
+    out: dict[str, list[Utterance]] = {}
+
+    def transcripts(path: Path) -> dict[str, str]:
+        found = {}
+        for line in path.read_text().splitlines():
+            if "(" in line:
+                words, _, fid = line.rpartition("(")
+                found[fid.strip(" )")] = " ".join(w for w in words.split() if w not in ("<s>", "</s>"))
+        return found
+
+    for name, folder in (("natural:librivox", PS_DATA / "librivox"), ("natural:an4-cards", PS_DATA / "cards")):
+        spec = folder / ("transcription" if name.endswith("librivox") else "cards.transcription")
+        if spec.exists():
+            utts = [Utterance(name, text, _wav_16k(folder / f"{fid}.wav"))
+                    for fid, text in sorted(transcripts(spec).items()) if (folder / f"{fid}.wav").exists()]
+            if len(utts) >= 2:
+                out[name] = utts[:max_per_speaker]
+    alsa = [Utterance("natural:alsa-speaker-test", text, _wav_16k(ALSA_SOUNDS / f"{f}.wav"))
+            for f, text in ALSA_TEXT.items() if (ALSA_SOUNDS / f"{f}.wav").exists()]
+    if len(alsa) >= 2:
+        out["natural:alsa-speaker-test"] = alsa[:max_per_speaker]
+    return out
+
+
+def voice_corpus(voices: tuple[str, ...] = VOICES, flite_voices: tuple[str, ...] = FLITE_VOICES,
+                 sentences: tuple[str, ...] = SENTENCES, natural: bool | int = True) -> dict[str, list[Utterance]]:
+    """Utterances by speaker: espeak-ng ``voices`` and flite ``flite_voices`` reading ``sentences``, plus
+    natural speech (``natural``: True = all found, an int = at most that many speakers)."""
+    corpus: dict[str, list[Utterance]] = {}
+    for v in voices:
+        corpus[f"espeak:{v}"] = [Utterance(f"espeak:{v}", s.lower(), espeak_16k(s, v)) for s in sentences]
+    for v in flite_voices:
+        corpus[f"flite:{v}"] = [Utterance(f"flite:{v}", s.lower(), flite_16k(s, v)) for s in sentences]
+    if natural:
+        nat = natural_speech()
+        keep = list(nat)[: (len(nat) if natural is True else int(natural))]
+        corpus.update({k: nat[k] for k in keep})
+    return corpus
 
 
 def eer_threshold(same: np.ndarray, diff: np.ndarray) -> tuple[float, float]:
@@ -56,24 +163,73 @@ def eer_threshold(same: np.ndarray, diff: np.ndarray) -> tuple[float, float]:
     return best[1], best[2]
 
 
-def _vad_agreement(a: np.ndarray, b: np.ndarray) -> float:
-    """Fraction of 30 ms frames on which webrtcvad (mode 2) gives the same decision."""
-    vad_mod = _need("webrtcvad", "webrtcvad-wheels==2.0.14.post1")
-    vad = vad_mod.Vad(2)
-    n = 480
-    to_pcm = lambda x: np.clip(np.round(x * 32767), -32768, 32767).astype("<i2")  # noqa: E731
-    pa_, pb = to_pcm(a), to_pcm(b)
-    same = total = 0
-    for i in range(0, min(len(pa_), len(pb)) - n + 1, n):
-        total += 1
-        same += vad.is_speech(pa_[i:i + n].tobytes(), 16000) == vad.is_speech(pb[i:i + n].tobytes(), 16000)
-    return same / total if total else float("nan")
+def attack(trial: dict[tuple[str, int], np.ndarray], enrol: dict[tuple[str, int], np.ndarray]) -> dict[str, Any]:
+    """Scores of every trial against every enrolment utterance of another index: EER, rank-1 rate, per speaker."""
+    speakers = sorted({s for s, _ in enrol})
+    same, diff, hits, per = [], [], 0, {}
+    for (s, i), e in trial.items():
+        mean_by = {}
+        for t in speakers:
+            scores = [float(e @ enrol[(t, j)]) for (t2, j) in enrol if t2 == t and j != i]
+            if not scores:
+                continue
+            (same if t == s else diff).extend(scores)
+            mean_by[t] = float(np.mean(scores))
+        hits += max(mean_by, key=mean_by.get) == s
+        per.setdefault(s, []).append(mean_by[s])
+    same_a, diff_a = np.array(same), np.array(diff)
+    thr, eer = eer_threshold(same_a, diff_a)
+    return {"eer": eer, "threshold": thr, "same_mean": float(same_a.mean()), "diff_mean": float(diff_a.mean()),
+            "rank1": hits / len(trial), "trials": len(trial),
+            "per_speaker_same_mean": {s: float(np.mean(v)) for s, v in per.items()}}
+
+
+def _decoder(words: set[str]) -> Any:
+    """pocketsphinx decoder with a uniform unigram LM over ``words`` (those in its dictionary)."""
+    ps = _need("pocketsphinx", "pocketsphinx==5.1.1")
+    model = Path(ps.get_model_path()) / "en-us"
+    dic = {line.split()[0] for line in (model / "cmudict-en-us.dict").read_text().splitlines() if line.strip()}
+    vocab = sorted(w for w in words if w in dic)
+    lp = -math.log10(len(vocab) + 1)
+    arpa = "\\data\\\nngram 1=%d\n\n\\1-grams:\n" % (len(vocab) + 2)
+    arpa += "-99.0 <s>\n%.4f </s>\n" % lp + "".join("%.4f %s\n" % (lp, w) for w in vocab) + "\n\\end\\\n"
+    tmp = Path(tempfile.mkdtemp(prefix="modalign-ps-")) / "closed.arpa"
+    tmp.write_text(arpa)
+    return ps.Decoder(hmm=str(model / "en-us"), lm=str(tmp), dict=str(model / "cmudict-en-us.dict"),
+                      samprate=16000, loglevel="FATAL")
+
+
+def _recognise(decoder: Any, x: np.ndarray) -> list[str]:
+    pcm = np.clip(np.round(x * 32767), -32768, 32767).astype("<i2").tobytes()
+    decoder.start_utt()
+    decoder.process_raw(pcm, full_utt=True)
+    decoder.end_utt()
+    hyp = decoder.hyp()
+    return hyp.hypstr.split() if hyp is not None else []
+
+
+def _edits(ref: list[str], hyp: list[str]) -> int:
+    d = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, d[0] = d[0], i
+        for j, h in enumerate(hyp, 1):
+            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (r != h))
+    return d[-1]
+
+
+def _words(text: str) -> list[str]:
+    return "".join(c if c.isalpha() or c in " '" else " " for c in text.lower()).split()
 
 
 def eval_voice(voices: tuple[str, ...] = VOICES, sentences: tuple[str, ...] = SENTENCES,
-               alphas: tuple[float, ...] | None = None, policy: DeidPolicy | None = None) -> dict:
-    """Speaker similarity before/after McAdams anonymisation (resemblyzer, cosine)."""
-    from modalign.operators.deid.voice import McAdamsTransform
+               alphas: tuple[float, ...] | None = None, policy: DeidPolicy | None = None, *,
+               flite_voices: tuple[str, ...] = FLITE_VOICES, natural: bool | int = True, wer: bool = True) -> dict:
+    """Linkability (both attackers) and WER of the policy's voice anonymisation on ``voice_corpus``.
+
+    ``alphas``: also score the fixed-alpha McAdams transform (the old method) at these alphas
+    against the ignorant and lazy-informed attackers, for comparison.
+    """
+    from modalign.operators.deid.voice import McAdamsTransform, anonymiser
 
     policy = policy or DeidPolicy()
     torch = _need("torch", "torch")
@@ -81,73 +237,88 @@ def eval_voice(voices: tuple[str, ...] = VOICES, sentences: tuple[str, ...] = SE
     rz = _need("resemblyzer", "resemblyzer==0.1.4 --no-deps (+ librosa, webrtcvad-wheels)")
     encoder = rz.VoiceEncoder("cpu", verbose=False)
     embed = lambda x: encoder.embed_utterance(rz.preprocess_wav(x, 16000))  # noqa: E731
-    orig = {(v, i): espeak_16k(s, v) for v in voices for i, s in enumerate(sentences)}
+    corpus = voice_corpus(voices, flite_voices, sentences, natural)
+    orig = {(s, i): u.samples for s, utts in corpus.items() for i, u in enumerate(utts)}
     e_orig = {k: embed(x) for k, x in orig.items()}
-    same = np.array([e_orig[(v, i)] @ e_orig[(v, j)] for v in voices for i in range(len(sentences))
-                     for j in range(i + 1, len(sentences))])
-    diff = np.array([e_orig[(v, i)] @ e_orig[(w, j)] for v in voices for w in voices if v < w
-                     for i in range(len(sentences)) for j in range(len(sentences))])
-    thr, eer = eer_threshold(same, diff)
+    secs = sum(x.size for x in orig.values()) / 16000
+    tenant, attacker = anonymiser(policy.voice, TENANT_KEY), anonymiser(policy.voice, ATTACKER_KEY)
+    t0 = time.process_time()
+    anon = {k: tenant(x, 0, f"eval/{k[0]}/{k[1]}") for k, x in orig.items()}
+    speed = secs / max(time.process_time() - t0, 1e-9)
+    att = {k: attacker(x, 0, f"attacker/{k[0]}/{k[1]}") for k, x in orig.items()}
+    e_anon = {k: embed(x) for k, x in anon.items()}
+    e_att = {k: embed(x) for k, x in att.items()}
+    same_utt = np.array([float(e_anon[k] @ e_orig[k]) for k in orig])
     report: dict[str, Any] = {
-        "voices": list(voices), "utterances": len(orig), "threshold": thr, "threshold_basis": "EER on this set",
-        "eer": eer, "common_threshold": COMMON_SV_THRESHOLD,
-        "same_speaker_mean": float(same.mean()), "same_speaker_min": float(same.min()),
-        "diff_speaker_mean": float(diff.mean()), "diff_speaker_max": float(diff.max()),
-        "alphas": {}, "policy_alpha": policy.voice.mcadams_alpha,
+        "speakers": list(corpus), "utterances": len(orig), "seconds_of_speech": secs,
+        "transform": tenant.name, "x_real_time": speed, "common_threshold": COMMON_SV_THRESHOLD,
+        "original": attack(e_orig, e_orig),
+        "ignorant": attack(e_anon, e_orig),
+        "lazy_informed": attack(e_anon, e_att),
+        "anon_vs_own_original_mean": float(same_utt.mean()), "anon_vs_own_original_max": float(same_utt.max()),
+        "mcadams": {},
     }
-    alphas = alphas or (policy.voice.mcadams_alpha,)
-    for alpha in alphas:
+    report["threshold"] = report["original"]["threshold"]
+    report["eer"] = report["original"]["eer"]
+    for alpha in alphas or ():
         tf = McAdamsTransform(alpha=alpha)
-        # anonymise the first two utterances of each voice (the third stays original-only)
-        keys = [(v, i) for v in voices for i in range(min(2, len(sentences)))]
-        t0 = time.perf_counter()
-        anon = {k: tf(orig[k]) for k in keys}
-        secs = sum(len(orig[k]) for k in keys) / 16000
-        speed = secs / (time.perf_counter() - t0)
-        e_anon = {k: embed(x) for k, x in anon.items()}
-        same_utt = np.array([e_anon[k] @ e_orig[k] for k in keys])
-        other_utt = np.array([e_anon[(v, i)] @ e_orig[(v, j)] for (v, i) in keys for j in range(len(sentences))
-                              if j != i])
-        anon_anon = np.array([e_anon[(v, 0)] @ e_anon[(v, 1)] for v in voices]) if len(sentences) > 1 else np.array([])
-        report["alphas"][f"{alpha:.2f}"] = {
-            "transform": tf.name,
-            "anon_vs_orig_same_utt_mean": float(same_utt.mean()), "anon_vs_orig_same_utt_max": float(same_utt.max()),
-            "anon_vs_orig_other_utt_mean": float(other_utt.mean()),
-            "accepted_at_threshold": float((np.concatenate([same_utt, other_utt]) >= thr).mean()),
-            "accepted_at_common": float((np.concatenate([same_utt, other_utt]) >= COMMON_SV_THRESHOLD).mean()),
-            "anon_vs_anon_same_voice_mean": float(anon_anon.mean()) if anon_anon.size else float("nan"),
-            "vad_agreement": float(np.mean([_vad_agreement(orig[k], anon[k]) for k in keys])),
-            "x_real_time": speed,
-        }
+        e_m = {k: embed(tf(x)) for k, x in orig.items()}
+        report["mcadams"][f"{alpha:.2f}"] = {"transform": tf.name, "ignorant": attack(e_m, e_orig),
+                                            "lazy_informed": attack(e_m, e_m)}
+    if wer:
+        texts = {(s, i): u.text for s, utts in corpus.items() for i, u in enumerate(utts)}
+        dec = _decoder({w for t in texts.values() for w in _words(t)})
+        t1 = time.perf_counter()
+        per: dict[str, list[int]] = {}
+        for k in orig:
+            ref = _words(texts[k])
+            e0, e1 = _edits(ref, _recognise(dec, orig[k])), _edits(ref, _recognise(dec, anon[k]))
+            acc = per.setdefault(k[0], [0, 0, 0])
+            acc[0] += e0
+            acc[1] += e1
+            acc[2] += len(ref)
+        total = np.array(list(per.values())).sum(axis=0)
+        report["wer"] = {"before": total[0] / total[2], "after": total[1] / total[2], "words": int(total[2]),
+                         "per_speaker": {s: (a / n, b / n) for s, (a, b, n) in per.items()},
+                         "decode_seconds": time.perf_counter() - t1}
     return report
 
 
 def render_voice(v: dict) -> list[str]:
     """Markdown lines of ``eval_voice``'s dict."""
-    lines: list[str] = []
-    lines += [
+    o, ig, li = v["original"], v["ignorant"], v["lazy_informed"]
+    n = len(v["speakers"])
+    lines = [
         "## Voice",
-        f"{len(v['voices'])} espeak-ng voices x {v['utterances'] // len(v['voices'])} utterances, resemblyzer "
-        f"cosine similarity. Same-speaker threshold {v['threshold']:.3f} = the EER threshold of the original "
-        f"same-voice/different-voice pairs (EER {_pct(v['eer'])}); the commonly used {v['common_threshold']:.2f} "
-        "is shown beside it. espeak voices share one synthesiser, so different voices already score high "
-        f"(mean {v['diff_speaker_mean']:.3f}, max {v['diff_speaker_max']:.3f}); same voice: mean "
-        f"{v['same_speaker_mean']:.3f}, min {v['same_speaker_min']:.3f}.",
+        f"{n} speakers ({', '.join(v['speakers'])}), {v['utterances']} utterances, {v['seconds_of_speech']:.0f} s; "
+        f"resemblyzer cosine similarity, trial vs enrolment of another utterance. Anonymisation: `{v['transform']}` "
+        f"({v['x_real_time']:.0f}x real time, one core). EER 50 % is chance; rank-1 chance is {_pct(1 / n)}.",
         "",
-        "| McAdams alpha | anon vs original (same utt.), mean / max | anon vs original (other utt.) | accepted "
-        f"at {v['threshold']:.3f} | accepted at {v['common_threshold']:.2f} | anon vs anon, same voice | VAD "
-        "agreement | x real time |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| attacker | trial | enrolment | EER | same / different speaker mean | rank-1 |",
+        "| --- | --- | --- | --- | --- | --- |",
+        f"| none (before) | original | original | {_pct(o['eer'])} | {o['same_mean']:.3f} / {o['diff_mean']:.3f} | "
+        f"{_pct(o['rank1'])} |",
+        f"| ignorant | anonymised | original | {_pct(ig['eer'])} | {ig['same_mean']:.3f} / {ig['diff_mean']:.3f} | "
+        f"{_pct(ig['rank1'])} |",
+        f"| lazy-informed | anonymised | anonymised (own key) | {_pct(li['eer'])} | {li['same_mean']:.3f} / "
+        f"{li['diff_mean']:.3f} | {_pct(li['rank1'])} |",
     ]
-    for a, r in v["alphas"].items():
-        lines.append(
-            f"| {a} | {r['anon_vs_orig_same_utt_mean']:.3f} / {r['anon_vs_orig_same_utt_max']:.3f} | "
-            f"{r['anon_vs_orig_other_utt_mean']:.3f} | {_pct(r['accepted_at_threshold'])} | "
-            f"{_pct(r['accepted_at_common'])} | {r['anon_vs_anon_same_voice_mean']:.3f} | "
-            f"{_pct(r['vad_agreement'])} | {r['x_real_time']:.0f} |"
-        )
-    lines += ["", "Before anonymisation: original vs another utterance of the same voice, mean "
-              f"{v['same_speaker_mean']:.3f}. Anonymised speech of one voice still matches itself "
-              "(a consistent pseudo-voice): an attacker who anonymises enrolment speech with the same alpha "
-              "is not defeated.", ""]
+    for a, r in v.get("mcadams", {}).items():
+        for name in ("ignorant", "lazy_informed"):
+            lines.append(f"| {name.replace('_', '-')}, fixed McAdams {a} (old) | anonymised | "
+                         f"{'original' if name == 'ignorant' else 'anonymised (same alpha)'} | {_pct(r[name]['eer'])} | "
+                         f"{r[name]['same_mean']:.3f} / {r[name]['diff_mean']:.3f} | {_pct(r[name]['rank1'])} |")
+    lines += ["", f"Anonymised utterance vs its own original: mean {v['anon_vs_own_original_mean']:.3f}, max "
+              f"{v['anon_vs_own_original_max']:.3f} (same-speaker EER threshold of the originals "
+              f"{v['threshold']:.3f}; commonly used {v['common_threshold']:.2f}).", ""]
+    if "wer" in v:
+        w = v["wer"]
+        lines += [f"Intelligibility (pocketsphinx en-us, closed-vocabulary unigram LM, {w['words']} words): WER "
+                  f"{_pct(w['before'])} before, {_pct(w['after'])} after anonymisation.", "",
+                  "| speaker | WER before | WER after | same-speaker score, ignorant | lazy-informed |",
+                  "| --- | --- | --- | --- | --- |"]
+        for s, (b, a) in w["per_speaker"].items():
+            lines.append(f"| {s} | {_pct(b)} | {_pct(a)} | {ig['per_speaker_same_mean'][s]:.3f} | "
+                         f"{li['per_speaker_same_mean'][s]:.3f} |")
+        lines.append("")
     return lines

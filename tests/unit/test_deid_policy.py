@@ -16,9 +16,9 @@ pytestmark = pytest.mark.unit
 def test_default_policy_tag_and_entities():
     pol = DeidPolicy()
     assert pol.tag == DEFAULT_POLICY_TAG
-    assert re.fullmatch(r"modalign-default@3\+[0-9a-f]{8}", pol.tag)
+    assert re.fullmatch(r"modalign-default@4\+[0-9a-f]{8}", pol.tag)
     assert set(pol.text.entities) == set(ALL_TEXT_ENTITIES) >= {"address", "date_of_birth", "national_id"}
-    assert (pol.face.action, pol.voice.action, pol.text.action) == ("blur_permute", "keep_mfcc", "pseudonymise")
+    assert (pol.face.action, pol.voice.action, pol.text.action) == ("blur_permute", "anonymise", "pseudonymise")
 
 
 def test_per_entity_actions_and_thresholds_default_to_the_text_action():
@@ -32,21 +32,21 @@ def test_policy_loads_from_a_user_mapping_with_legal_basis():
     cfg = RunConfig.model_validate({"policy": {
         "policy_id": "acme-hr", "version": "2026-04", "legal_basis": "GDPR Art. 6(1)(f); DPIA-17",
         "text": {"action": "mask", "actions": {"person": "pseudonymise"}, "legal_basis": "Art. 89 research"},
-        "voice": {"action": "anonymise", "mcadams_alpha": 0.75},
+        "voice": {"action": "anonymise", "mcadams_alpha_range": [0.7, 0.8]},
         "face": {"action": "mask"},
     }})
     assert cfg.policy.tag.startswith("acme-hr@2026-04+")
     assert cfg.policy.text.action_for("person") == "pseudonymise" and cfg.policy.text.action_for("ip") == "mask"
-    assert cfg.policy.voice.mcadams_alpha == 0.75 and cfg.policy.face.action == "mask"
+    assert cfg.policy.voice.mcadams_alpha_range == (0.7, 0.8) and cfg.policy.face.action == "mask"
 
 
 def test_a_changed_policy_never_keeps_the_default_tag():
-    """Defect: voice 'anonymise' set in a config still wrote modalign-default@3."""
-    changed = [DeidPolicy(voice={"action": "anonymise"}), DeidPolicy(face={"action": "mask"}),
+    """Defect: voice 'anonymise' set in a config still wrote modalign-default@3 (then the default)."""
+    changed = [DeidPolicy(voice={"action": "keep_mfcc"}), DeidPolicy(face={"action": "mask"}),
                DeidPolicy(text={"actions": {"ip": "mask"}}), DeidPolicy(legal_basis="DPIA-1")]
     tags = [p.tag for p in changed]
     assert len(set(tags)) == len(tags) and DEFAULT_POLICY_TAG not in tags
-    assert all(t.startswith("modalign-default@3+") for t in tags)
+    assert all(t.startswith("modalign-default@4+") for t in tags)
     assert DeidPolicy().tag == DeidPolicy.model_validate_json(DeidPolicy().model_dump_json()).tag  # stable
 
 
@@ -60,7 +60,9 @@ def test_a_changed_policy_never_keeps_the_default_tag():
         {"text": {"min_scores": {"email": 1.5}}},
         {"face": {"action": "pseudonymise"}},  # not a face action
         {"voice": {"action": "pitch_shift"}},
-        {"voice": {"action": "anonymise", "mcadams_alpha": 1.0}},  # would not change the voice
+        {"voice": {"action": "anonymise", "mcadams_alpha_range": [0.98, 1.0], "vtln_warp_range": [0.0, 0.0]}},  # no change
+        {"voice": {"mcadams_alpha_range": [0.9, 0.6]}},  # not (low, high)
+        {"voice": {"mcadams_alpha": 0.8}},  # the fixed alpha is gone: it was linkable
         {"face": {"temporal_window": 0}},  # tiles skipped on odd frames need the window
         {"sound": {"action": "drop"}},  # unknown modality
         {"policy_id": "a b"},
@@ -74,4 +76,4 @@ def test_invalid_policies_are_rejected(bad):
 def test_window_zero_allowed_when_every_frame_is_tiled():
     assert FacePolicy(temporal_window=0, tile_every=1).temporal_window == 0
     assert FacePolicy(temporal_window=0, tiles=1).tiles == 1
-    assert VoicePolicy(action="keep_mfcc", mcadams_alpha=1.0).action == "keep_mfcc"  # alpha unused
+    assert VoicePolicy(action="keep_mfcc", mcadams_alpha_range=(1.0, 1.0), vtln_warp_range=(0.0, 0.0)).action == "keep_mfcc"

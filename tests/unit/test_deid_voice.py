@@ -1,6 +1,7 @@
-"""VoicePolicyOperator (keep_mfcc / anonymise / drop) and the McAdams waveform transform.
+"""VoicePolicyOperator (anonymise / keep_mfcc / drop), the keyed per-utterance VoiceAnonymiser and
+the McAdams building block.
 
-Speaker linkability before/after (resemblyzer) is measured in test_deid_eval.py."""
+Linkability figures (EER of both attackers, WER) of a larger set are in test_deid_eval.py."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from modalign.operators.deid.voice import (McAdamsTransform, VoicePolicyConfig, VoicePolicyOperator, mark_transformed,
-                                  voice_transform)
+from modalign.operators.deid.voice import (McAdamsTransform, VoiceAnonymiser, VoicePolicyConfig, VoicePolicyOperator,
+                                           mark_transformed, voice_transform)
 from modalign.schemas.errors import ComplianceError
 from modalign.schemas.policy import DEFAULT_POLICY_TAG, VoicePolicy
 
@@ -32,9 +33,21 @@ def mfcc_table(n: int = 5, with_waveform: bool = False) -> pa.Table:
     return pa.table(cols)
 
 
+KEEP = VoicePolicyConfig(voice=VoicePolicy(action="keep_mfcc"))
+
+
+def test_default_policy_anonymises_voices():
+    """MFCCs of an un-anonymised voice are biometric data: the default never stores them."""
+    assert VoicePolicy().action == "anonymise"
+    tf = voice_transform(VoicePolicy(), secret=b"k" * 32)
+    assert isinstance(tf, VoiceAnonymiser) and tf.name.startswith("voiceanon@2/")
+    with pytest.raises(ComplianceError):
+        VoicePolicyOperator().process(mfcc_table())  # untransformed MFCCs under the default policy
+
+
 def test_keep_mfcc_passes_frames_and_adds_header():
     table = mfcc_table()
-    out = VoicePolicyOperator().process(table)
+    out = VoicePolicyOperator(KEEP).process(table)
     assert out.num_rows == 5
     assert out.drop_columns(["deid"]).equals(table)
     assert out.column("deid").to_pylist() == [
@@ -58,7 +71,7 @@ def test_drop_gives_zero_rows_with_schema_kept():
 
 
 def test_raw_waveform_column_never_passes():
-    out = VoicePolicyOperator().process(mfcc_table(3, with_waveform=True))
+    out = VoicePolicyOperator(KEEP).process(mfcc_table(3, with_waveform=True))
     assert "samples" not in out.column_names
     assert out.num_rows == 3 and out.column("mfcc").type.list_size == N_MFCC
 
@@ -124,13 +137,16 @@ def test_mcadams_is_deterministic_and_chunk_seams_are_local():
 
 
 def test_voice_transform_hook_only_for_anonymise():
-    assert voice_transform(VoicePolicy()) is None
+    assert voice_transform(VoicePolicy(action="keep_mfcc")) is None
     assert voice_transform(VoicePolicy(action="drop")) is None
-    tf = voice_transform(VoicePolicy(action="anonymise", mcadams_alpha=0.75))
-    assert isinstance(tf, McAdamsTransform) and tf.alpha == 0.75 and tf.name.startswith("mcadams@1/alpha=0.750")
+    pol = VoicePolicy(action="anonymise", mcadams_alpha_range=(0.7, 0.8), segment_s=2.0)
+    tf = voice_transform(pol, secret=b"k" * 32)
+    assert isinstance(tf, VoiceAnonymiser) and tf.alpha_range == (0.7, 0.8) and tf.segment == 32000
+    assert tf.name.startswith("voiceanon@2/seg=2s/alpha=0.70..0.80/") and "k" * 8 not in tf.name
     import pickle
 
-    assert pickle.loads(pickle.dumps(tf)).name == tf.name  # travels to Ray workers
+    back = pickle.loads(pickle.dumps(tf))  # travels to Ray workers, key included
+    assert back.name == tf.name and np.array_equal(back.params("s/a", 3), tf.params("s/a", 3))
 
 
 def test_anonymise_policy_requires_the_transform_marker():
@@ -169,3 +185,113 @@ def test_mfcc_of_anonymised_speech_keeps_timing_and_energy():
     assert (speech == (ey > ex.max() - 35)).mean() > 0.95
     timbre = np.abs(mx[speech, 1:13] - my[speech, 1:13]).mean()
     assert timbre > 1.0  # the spectral envelope (the voice) changed
+
+
+# -- keyed per-utterance anonymiser ----------------------------------------------------------
+def speech(voice: str = "en-us+m3") -> np.ndarray:
+    from modalign.pipeline.deid_eval import espeak_16k
+
+    return espeak_16k("Storage and network upgrades start next month. Please send the quarterly report "
+                      "to the finance team before Friday.", voice)
+
+
+def test_parameters_differ_between_utterances_and_tenant_keys():
+    a, b = VoiceAnonymiser(b"tenant-a" * 4), VoiceAnonymiser(b"tenant-b" * 4)
+    pa_ = np.stack([a.params("s1/mic", k) for k in range(8)])
+    assert len({tuple(r) for r in pa_.round(6)}) == 8  # every utterance its own draw
+    assert np.ptp(pa_[:, 0]) > 0.1 and np.ptp(pa_[:, 1]) > 0.1 and np.ptp(pa_[:, 2]) > 30  # alpha, warp, f0 (Hz)
+    assert (pa_[:, 0] >= 0.55).all() and (pa_[:, 0] <= 1.0).all() and (np.abs(pa_[:, 1]) <= 0.2).all()
+    pb = np.stack([b.params("s1/mic", k) for k in range(8)])
+    assert not np.isclose(pa_, pb).all(axis=1).any()  # another tenant: other draws
+    assert not np.allclose(a.params("s1/mic", 0), a.params("s1/room", 0))  # another source: other draws
+    assert np.array_equal(pa_, np.stack([VoiceAnonymiser(b"tenant-a" * 4).params("s1/mic", k) for k in range(8)]))
+    # frame parameters: constant inside an utterance, cross-faded over 100 ms into the next
+    fp = a.frame_params("s1/mic", np.array([1, 200, 399, 400, 405, 409, 410, 600]))
+    assert np.allclose(fp[:3], pa_[0]) and np.allclose(fp[5:], pa_[1])
+    assert np.all(np.diff(fp[2:6, 2]) * np.sign(pa_[1, 2] - pa_[0, 2]) > 0)  # f0 moves monotonically
+
+
+def test_anonymiser_output_does_not_depend_on_chunking():
+    x = speech()
+    tf = VoiceAnonymiser(b"k" * 32, segment_s=1.0)
+    whole = tf(x, 0, "s1/mic")
+    assert whole.dtype == np.float32 and whole.shape == x.shape and np.isfinite(whole).all()
+    assert np.array_equal(whole, tf(x, 0, "s1/mic"))
+    c, parts = tf.context_samples, []
+    for lo, hi in ((0, 7013), (7013, 16000), (16000, 41111), (41111, x.size)):
+        a = max(0, lo - c)
+        parts.append(tf(x[a:hi + c], a, "s1/mic")[lo - a:hi - a])
+    assert np.array_equal(np.concatenate(parts), whole)  # byte-identical, seams included
+    assert not np.array_equal(tf(x, 0, "s1/other"), whole)  # the source is part of the key
+    assert not np.array_equal(VoiceAnonymiser(b"j" * 32, segment_s=1.0)(x, 0, "s1/mic"), whole)
+    assert np.array_equal(tf(np.zeros(800, np.float32), 0, "s"), np.zeros(800, np.float32))
+
+
+def write_wav(path, x: np.ndarray) -> None:
+    import wave
+
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(RATE)
+        w.writeframes(np.clip(np.round(x * 32767), -32768, 32767).astype("<i2").tobytes())
+
+
+def test_ingest_mfcc_of_anonymised_speech_is_byte_identical_across_chunk_sizes(tmp_path):
+    from modalign.operators.ingest.audio import AudioMfccConfig, AudioMfccOperator
+    from modalign.operators.ingest.base import SourceContext
+    from modalign.schemas.manifest import SourceSpec
+
+    x = np.concatenate([speech(), speech("en+f2")])  # ~8 s: two utterances at segment_s=4
+    path = tmp_path / "mic.wav"
+    write_wav(path, x)
+    ctx = SourceContext(session_id="s1", spec=SourceSpec(id="mic", uri="mic.wav", modality="audio"), path=path,
+                        uri=f"file://{path}", version="v1")
+    pol = VoicePolicy()
+
+    def run(chunk_s: float, secret: bytes = b"k" * 32) -> pa.Table:
+        op = AudioMfccOperator(AudioMfccConfig(chunk_s=chunk_s), waveform_transform=voice_transform(pol, secret=secret))
+        return pa.concat_tables(op.read(ctx))
+
+    one = run(100.0)
+    for chunk_s in (0.37, 1.0, 2.5):
+        t = run(chunk_s)
+        assert t.column("mfcc").equals(one.column("mfcc")) and t.column("voiced").equals(one.column("voiced"))
+        assert t.column("t_ns").equals(one.column("t_ns"))
+    plain = pa.concat_tables(AudioMfccOperator(AudioMfccConfig(chunk_s=100.0)).read(ctx))
+    assert plain.num_rows == one.num_rows  # same frames, same times
+    m_one, m_plain = (np.asarray(t.column("mfcc").to_pylist()) for t in (one, plain))
+    assert np.abs(m_one[:, 1:13] - m_plain[:, 1:13]).mean() > 1.0  # the spectral envelope changed
+    m_other = np.asarray(run(100.0, b"j" * 32).column("mfcc").to_pylist())
+    assert np.abs(m_one[:, 1:13] - m_other[:, 1:13]).mean() > 0.5  # another tenant key, another pseudo-voice
+
+
+def test_anonymised_voice_is_below_the_same_speaker_threshold_for_both_attackers():
+    """Small set: 4 voices x 2 sentences; the full figures (EER) are in test_deid_eval.py."""
+    pytest.importorskip("resemblyzer", reason="evaluation extra: resemblyzer")
+    from modalign.pipeline.deid_eval import voice as ev
+
+    corpus = ev.voice_corpus(("en-us+m3", "en+f2"), ("slt", "awb"), ev.SENTENCES[:2], natural=False)
+    torch = pytest.importorskip("torch")
+    torch.set_num_threads(1)
+    import resemblyzer as rz
+
+    enc = rz.VoiceEncoder("cpu", verbose=False)
+    emb = lambda x: enc.embed_utterance(rz.preprocess_wav(x, RATE))  # noqa: E731
+    tenant, attacker = VoiceAnonymiser(ev.TENANT_KEY), VoiceAnonymiser(ev.ATTACKER_KEY)
+    orig = {(s, i): emb(u.samples) for s, us in corpus.items() for i, u in enumerate(us)}
+    anon = {(s, i): emb(tenant(u.samples, 0, f"t/{s}/{i}")) for s, us in corpus.items() for i, u in enumerate(us)}
+    att = {(s, i): emb(attacker(u.samples, 0, f"a/{s}/{i}")) for s, us in corpus.items() for i, u in enumerate(us)}
+    same = np.array([orig[(s, 0)] @ orig[(s, 1)] for s in corpus])
+    diff = np.array([orig[(s, i)] @ orig[(t, j)] for s in corpus for t in corpus if s < t for i in (0, 1)
+                     for j in (0, 1)])
+    thr, eer = ev.eer_threshold(same, diff)
+    assert eer <= 0.25 and same.mean() > thr  # the encoder links the originals
+    own = np.array([anon[k] @ orig[k] for k in orig])  # the recording itself vs its original
+    ignorant = np.array([anon[(s, i)] @ orig[(s, 1 - i)] for s in corpus for i in (0, 1)])
+    lazy = np.array([anon[(s, i)] @ att[(s, 1 - i)] for s in corpus for i in (0, 1)])
+    for scores in (own, ignorant, lazy):
+        assert scores.mean() < thr and (scores >= thr).mean() <= 0.25
+    # the old fixed-alpha McAdams: the lazy-informed attacker links it (one consistent pseudo-voice)
+    mc = {(s, i): emb(McAdamsTransform(0.8)(u.samples)) for s, us in corpus.items() for i, u in enumerate(us)}
+    assert np.mean([mc[(s, 0)] @ mc[(s, 1)] for s in corpus]) > lazy.mean() + 0.1
