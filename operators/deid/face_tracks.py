@@ -37,6 +37,7 @@ GROWTH_PER_S = 0.5  # padding added per second of misses, as a fraction of the b
 MAX_SPEED = 10.0  # box sizes per second: a faster estimate is noise (a wrong match), clipped
 MIN_MISSES = 3  # consecutive confident frames without the face before a confirmed track may end
 SMOOTHING = 0.5  # weight of the newest velocity measurement
+MAX_RESIZE = 1.0  # a guessed box grows with the face by at most this fraction of its size per second
 CONFIRM_SCORE = 0.75  # one detection this sure confirms a track at once
 DUPLICATE_OVERLAP = 0.6  # a younger track this much inside an older one is the same face: dropped
 
@@ -94,6 +95,12 @@ class FaceTracks:
                 if box is not None:
                     out.append(box)
         return out
+
+    def continues(self, t_ns: int, det: BoxT) -> bool:
+        """Would ``det`` continue a live track (no state change)?"""
+        if self.last_t_ns is not None and t_ns <= self.last_t_ns:
+            return False
+        return any(_matches(track.predict(t_ns), det) for track in self.tracks)
 
     def update(self, t_ns: int, detections: list[BoxT], confident: bool = True) -> list[Seen]:
         """Feed one frame's detections; returns every live track's box in this frame.
@@ -207,12 +214,14 @@ def interpolate(frames: list[list[Seen]], times: list[int], w: int, h: int, back
 def moved(box: FBox, vel: FBox, dt_s: float) -> FBox:
     """``box`` moved by ``vel`` over ``dt_s`` seconds (either sign): its centre moves with the
     edges' mean velocity, its size changes only where that makes it larger (a guess never
-    shrinks), and it is padded by ``GROWTH_PER_S`` of its size per second of ``|dt_s|``."""
+    shrinks; by at most ``MAX_RESIZE`` per second), and it is padded by ``GROWTH_PER_S`` of
+    its size per second of ``|dt_s|``."""
     grow = GROWTH_PER_S * abs(dt_s)
     cx = (box[0] + box[2]) / 2 + (vel[0] + vel[2]) / 2 * dt_s
     cy = (box[1] + box[3]) / 2 + (vel[1] + vel[3]) / 2 * dt_s
-    bw = (box[2] - box[0]) + max(0.0, (vel[2] - vel[0]) * dt_s)
-    bh = (box[3] - box[1]) + max(0.0, (vel[3] - vel[1]) * dt_s)
+    bw, bh = box[2] - box[0], box[3] - box[1]
+    bw += min(max(0.0, (vel[2] - vel[0]) * dt_s), MAX_RESIZE * bw * abs(dt_s))
+    bh += min(max(0.0, (vel[3] - vel[1]) * dt_s), MAX_RESIZE * bh * abs(dt_s))
     hw, hh = bw * (0.5 + grow), bh * (0.5 + grow)
     return cx - hw, cy - hh, cx + hw, cy + hh
 

@@ -272,18 +272,21 @@ def test_tiled_pass_every_other_frame_only_in_dense_streams(canvas):
         def __init__(self):
             self.calls = []
 
-        def detect(self, img, tiled=True):
-            self.calls.append(tiled)
+        def detect(self, img, tiled=True, fine=True):
+            self.calls.append(tiled if tiled and not fine else (tiled, "fine") if tiled else tiled)
             return []
 
     o = FaceBlurOperator(FaceBlurConfig(secret=SECRET))
     o._detector = Counting()
     o.process(frames_table([canvas] * 5))  # 40 ms apart
-    assert o._detector.calls == [True, False, True, False, True]  # the last row is always tiled
+    o.process(frames_table([canvas] * 7))
+    # the last row is always tiled and fine; the second model's finer grid every other tiled row
+    assert o._detector.calls[:5] == [(True, "fine"), False, True, False, (True, "fine")]
+    assert o._detector.calls[5:] == [(True, "fine"), False, True, False, (True, "fine"), False, (True, "fine")]
     o._detector.calls.clear()
     sparse = frames_table([canvas] * 3).set_column(1, "t_ns", pa.array([0, 1_000_000_000, 2_000_000_000], pa.int64()))
     o.process(sparse)  # 1 s apart (sampled frames): the window cannot bridge, every frame is tiled
-    assert o._detector.calls == [True, True, True]
+    assert o._detector.calls == [(True, "fine")] * 3
 
 
 def test_mask_action_fills_the_box_with_one_colour(op, canvas):

@@ -174,9 +174,10 @@ def test_box_follows_the_face_at_clip_end_no_stale_box(face_leaving_blur):
 
 
 def test_weak_one_off_detection_on_a_texture_is_not_held_but_a_face_is():
-    """A weak false detection on a non-face (LFW subset's non-face 115, upscaled) seen in one
-    frame is boxed until two fully scanned frames (the tiled ones, 2 and 4) missed it; the real
-    face, seen once, keeps its box for track_hold_s."""
+    """A weak false detection on a non-face (LFW subset's non-face 115, upscaled): a closer look
+    by both models does not confirm it, so it gets no box (before that check: 4 boxed frames,
+    held until two fully scanned frames missed it). The real face, seen once, keeps its box
+    for track_hold_s."""
     import cv2
     from skimage.data import astronaut, lfw_subset
 
@@ -199,5 +200,5 @@ def test_weak_one_off_detection_on_a_texture_is_not_held_but_a_face_is():
     op.setup()
     raw = op._detector.detect(texture)
     assert raw and max(b[4] for b in raw) < 0.75  # precondition: the detector fires, weakly, on the texture
-    assert boxed_frames(texture) == [0, 1, 2, 3]
+    assert boxed_frames(texture) == []
     assert boxed_frames(face) == list(range(13))  # 0.5 s at 25 fps after the last sight
