@@ -70,12 +70,12 @@ def main() -> None:
     t0 = time.perf_counter()
     report = eval_face_clips(quick=args.quick, videos=not args.no_videos)
     print("\n".join(render_face_clips(report)))
-    print("| dataset | re-detected (Haar or HOG) | Haar / HOG after | linked (dlib < 0.6) | min distance "
+    print("| dataset | re-detected (Haar or HOG) | Haar / HOG after | linked (dlib < 0.6) (floor) | min distance "
           "| uncovered | false boxes / boxes |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in report["clips"]:
         print(f"| {r['dataset']} | {r['redetected_frames']} of {r['face_frames']} | {r['haar_after']} / "
-              f"{r['hog_after']} | {r['linked_frames']} | {r['dist_after_min']:.3f} | {r['uncovered_frames']} | "
+              f"{r['hog_after']} | {r['linked_frames']} ({r['linked_floor_frames']}) | {r['dist_after_min']:.3f} | {r['uncovered_frames']} | "
               f"{r['false_boxes']} / {r['boxes']} |")
     clip = compose_clip(n=48)
     ms_op, ms_bare = cost_720p(clip.frames)
