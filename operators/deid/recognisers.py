@@ -286,13 +286,14 @@ _IBAN_LENGTHS = {
 }  # fmt: skip
 
 
-def iban_valid(iban: str) -> bool:
-    """ISO 13616: known country length (15-34 otherwise) and mod-97 == 1."""
+def iban_valid(iban: str, registered_length: bool = True) -> bool:
+    """ISO 13616: mod-97 == 1 and the country's registered length (15-34 for countries not
+    in the table; any 15-34 with ``registered_length=False``)."""
     s = re.sub(r"\s", "", iban).upper()
     if not re.fullmatch(r"[A-Z]{2}\d{2}[A-Z0-9]{11,30}", s):
         return False
     want = _IBAN_LENGTHS.get(s[:2])
-    if want is not None and len(s) != want:
+    if registered_length and want is not None and len(s) != want:
         return False
     rearranged = s[4:] + s[:4]
     return int("".join(str(int(c, 36)) for c in rearranged)) % 97 == 1
@@ -309,6 +310,8 @@ def _find_ibans(text: str) -> Iterable[PiiSpan]:
                     raw[:2] + raw[2:4].replace("O", "0") + raw[4:].replace("O", "0"))
         hit = next((n for compact in dict.fromkeys(variants) for n in lengths
                     if n <= len(compact) and iban_valid(compact[:n])), None)
+        if hit is None and want and len(raw) != want and iban_valid(raw, registered_length=False):
+            hit = len(raw)  # checksum right, length off the registry (a mistyped or made-up bank code): still one
         if hit is not None:
             yield PiiSpan(m.start(), pos[hit - 1] + 1, "iban", SCORES["iban"])
 
@@ -343,6 +346,12 @@ def _issuer_ok(d: str) -> bool:
         return 16 <= n <= 19  # Discover
     if 3528 <= p4 <= 3589 or p2 == 62:
         return 16 <= n <= 19  # JCB, UnionPay
+    if d.startswith(("2131", "1800")):
+        return n == 15  # JCB, older 15-digit ranges
+    if 2200 <= p4 <= 2204:
+        return 16 <= n <= 19  # Mir
+    if p2 in (81, 82) or d.startswith("508"):
+        return n == 16  # RuPay
     if 300 <= int(d[:3]) <= 305 or p2 in (36, 38, 39):
         return 14 <= n <= 19  # Diners
     if p2 == 50 or 56 <= p2 <= 69:
@@ -350,12 +359,28 @@ def _issuer_ok(d: str) -> bool:
     return False
 
 
+_CARD_12 = re.compile(r"(?<![\w.,])\d{4}(?:[ -]?\d{4}){2}(?![\w]|[.,]\d)")  # 12-digit Maestro
+# A card word shortly before the number: then any Luhn-valid 12-19 digits are a card, whatever the issuer
+_CARD_CONTEXT = re.compile(
+    r"(?i)\b(?:card|cards|credit|debit|visa|mastercard|maestro|amex|jcb|karte|kreditkarte|carte|tarjeta|cartão|"
+    r"carta|kaart|karta|kart|kort|pan)\b[\W\w]{0,24}$"
+)
+
+
 def _find_cards(text: str) -> Iterable[PiiSpan]:
-    for m in _CARD.finditer(text):
+    """Card numbers: Luhn-valid, 13-19 digits in an issuer's range; or 12-19 digits after a card word."""
+    seen: list[tuple[int, int]] = []
+    for m in (*_CARD.finditer(text), *_CARD_12.finditer(text)):
+        if any(a < m.end() and m.start() < b for a, b in seen):
+            continue
         d = re.sub(r"\D", "", m.group(0))
         if re.search(r"[A-Z]{2}\d{2}[ \t]?$", text[max(0, m.start() - 6) : m.start()]):
             continue  # the tail of an IBAN-like string, not a card
-        if 13 <= len(d) <= 19 and _issuer_ok(d) and luhn_valid(d):
+        if not (12 <= len(d) <= 19 and luhn_valid(d)):
+            continue
+        context = bool(_CARD_CONTEXT.search(text, max(0, m.start() - 40), m.start()))
+        if (len(d) >= 13 and _issuer_ok(d)) or context:
+            seen.append(m.span())
             yield PiiSpan(m.start(), m.end(), "card", SCORES["card"])
 
 
@@ -592,7 +617,9 @@ _HONORIFIC = re.compile(
 _NAME_WORD = rf"(?:[{_UP}][{_NAME_LETTERS}]+(?:-[{_UP}][{_NAME_LETTERS}]+)?|[A-Z]{{2,}})"
 # a lookahead so that candidates may overlap ("Contact Julia Fischer": try both pairs)
 _GIVEN_SURNAME = re.compile(
-    rf"(?<![\w@.])(?=(?P<first>{_NAME_WORD})(?:[ ][A-Z]\.)?[ ](?P<last>{_NAME_WORD})(?![\w@]))"
+    rf"(?<![\w@.])(?=(?P<first>{_NAME_WORD})(?:[ ][A-Z]\.)?"
+    r"(?:[ ](?:van|von|de|der|den|del|della|di|da|dos|du|le|la|ter|ten|zu|y|bin|ibn|al)){0,2}"  # Sjoerd van der Leek
+    rf"[ ](?P<last>{_NAME_WORD})(?![\w@]))"
 )
 # Title-case words that start or end organisation, place and document names ("Operations
 # Team", "London Office"): a capitalised pair containing one is not taken as a name by the
@@ -687,7 +714,7 @@ def looks_like_name(words: list[str]) -> bool:
         return False
     if len(core) == 1:
         return not is_common_word(core[0])
-    return not all(is_common_word(w) for w in core)
+    return not all(is_common_word(w) for w in core) or any(w.casefold() in GIVEN_NAMES for w in core)  # John Smith
 
 
 # (lowercase too: OCR drops capitals, "ean-Baptiste")
@@ -859,7 +886,13 @@ def _person_spans(repaired: str, index: list[int], doc: Any, original: str) -> l
         first, last = m.group("first"), m.group("last")
         # gazetteer alone (NER did not say PERSON): the surname must not be a common word or a month
         # ("Austin Common", "Mayura Draw", "Jan Feb"), the first word not a place prefix ("San Francisco")
-        if (is_given_name(first) and not is_common_word(last) and first.casefold() not in _PLACE_PREFIX
+        particle = m.end("first") < m.start("last") - 1 and " " in repaired[m.end("first") + 1:m.start("last") - 1]
+        particle = particle or bool(re.match(r"[ ](?:van|von|de|der|den|del|della|di|da|dos|du|le|la|ter|ten|zu|y|bin|"
+                                             r"ibn|al)[ ]", repaired[m.end("first"):m.start("last")]))
+        # a surname that is also a word (Smith, Green, Leek) needs a particle or a very common given name
+        if (is_given_name(first) and (particle or not is_common_word(last)
+                                      or first.casefold() in GIVEN_NAMES)
+                and first.casefold() not in _PLACE_PREFIX
                 and last.casefold() not in _NOT_SURNAME and last.casefold() not in _COMMON_TITLE
                 and last.casefold() not in _MONTH_ABBR and not (first.isupper() or last.isupper())):
             add(m.start("first"), m.end("last"), SCORES["person_gazetteer"])

@@ -252,11 +252,14 @@ FONTS = (("Helvetica", 11.0), ("Times-Roman", 12.0), ("Courier", 10.0))
 
 
 def render_text_pdfs(pages: list[list[_Line]], out_dir: Path, scanned_every: int = 3, seed: int = 0,
-                     files: int = 2) -> tuple[list[Path], list[LabelledEntity], list[dict]]:
+                     files: int = 2, fonts: tuple[tuple[str, float], ...] = FONTS,
+                     scanned_pages: set[int] | None = None) -> tuple[list[Path], list[LabelledEntity], list[dict]]:
     """Write the pages as ``files`` PDFs (page i -> file i % files); entity boxes in DPI pixels.
 
-    Every ``scanned_every``-th page is a "scan": rasterised, rotated by up to 0.6 degrees,
-    noised, JPEG-compressed and embedded as an image-only page.
+    Page i is set in ``fonts[i % len(fonts)]`` (registered reportlab font names and sizes).
+    Every ``scanned_every``-th page (or the pages in ``scanned_pages``) is a "scan":
+    rasterised, rotated by up to 0.6 degrees, noised, JPEG-compressed and embedded as an
+    image-only page.
     """
     _need("reportlab", "reportlab")
     from reportlab.pdfbase.pdfmetrics import stringWidth
@@ -270,8 +273,9 @@ def render_text_pdfs(pages: list[list[_Line]], out_dir: Path, scanned_every: int
     vector_pages: list[tuple[int, Path]] = []
     per_page_entities: dict[int, list[LabelledEntity]] = {}
     for p, lines in enumerate(pages):
-        font, size = FONTS[p % len(FONTS)]
-        scanned = scanned_every > 0 and p % scanned_every == scanned_every - 1
+        font, size = fonts[p % len(fonts)]
+        scanned = (p in scanned_pages if scanned_pages is not None
+                   else scanned_every > 0 and p % scanned_every == scanned_every - 1)
         path = out_dir / f"page-{p:03d}.pdf"
         c = Canvas(str(path), pagesize=(PAGE_W_PT, PAGE_H_PT), invariant=1)
         y = PAGE_H_PT - 64
@@ -457,7 +461,7 @@ def score_text(entities: list[LabelledEntity], deid_tables: list[Any]) -> dict:
         "false_positive_runs": fp_runs, "false_positive_words": fp_words, "false_positive_kinds": fp_kinds,
         "precision": precision, "f2": f2, "direct_f2": direct_f2, "per_kind": per_kind,
         "scanned_recall": scanned_hits[0] / scanned_hits[1] if scanned_hits[1] else float("nan"),
-        "missed": missed_examples,
+        "missed": missed_examples, "hits": [found[i] for i in range(n)],
     }
 
 
@@ -494,6 +498,7 @@ def eval_text(work_dir: Path, policy: DeidPolicy | None = None, ocr_set: OcrSet 
     deid_s = time.perf_counter() - t0
     words = sum(len(ws or []) for t in ocr_set.tables for ws in t.column("words").to_pylist())
     report = score_text(ocr_set.entities, out)
+    report.pop("hits")
     report.update(
         pages=ocr_set.pages, scanned_pages=sum(m["scanned"] for m in ocr_set.meta),
         fonts=sorted({m["font"] for m in ocr_set.meta}), ocr_s=ocr_set.ocr_s, deid_s=deid_s, words=words,
