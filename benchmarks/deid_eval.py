@@ -2,10 +2,10 @@
 
 Runs ``modalign.pipeline.deid_eval.run_eval`` in a temporary folder (generated inputs only) and prints
 the markdown report: text recall/precision/F2 on a labelled OCR set, face detection and
-descriptor linking before/after anonymisation, speaker similarity before/after McAdams
-anonymisation (alpha 0.9 / 0.8 / 0.7). Floors (issue 5): direct-identifier recall >= 95 %,
-F2 >= 0.90, Haar finds <= 1 % and dlib links <= 1 % of anonymised faces, anonymised voice
-below the same-speaker threshold; a floor that does not hold is printed as
+descriptor linking before/after anonymisation, speaker linkability (EER of an ignorant and a
+lazy-informed attacker) and WER of the policy's voice anonymisation. Floors (issue 5): direct-
+identifier recall >= 95 %, F2 >= 0.90, Haar finds <= 1 % and dlib links <= 1 % of anonymised faces;
+(issue 11) voice EER >= 40 % against each attacker; a floor that does not hold is printed as
 ``FLOOR NOT MET`` (exit 0, or 1 with ``--strict``).
 
 The full run takes a few minutes on 2 cores (``--quick``: about a third). Needs the
@@ -36,9 +36,9 @@ def floors(report: dict) -> list[str]:
         failed.append(f"Haar finds {f['haar_after']:.3f} > 0.01 of anonymised faces")
     if f["linked_after"] > 0.01:
         failed.append(f"dlib links {f['linked_after']:.3f} > 0.01 of anonymised faces")
-    default = v["alphas"][f"{v['policy_alpha']:.2f}"]
-    if default["anon_vs_orig_same_utt_mean"] >= v["threshold"]:
-        failed.append("anonymised voice not below the same-speaker threshold")
+    for attacker in ("ignorant", "lazy_informed"):  # issue 11: neither attacker links the anonymised voice
+        if v[attacker]["eer"] < 0.40:
+            failed.append(f"voice EER against the {attacker.replace('_', '-')} attacker {v[attacker]['eer']:.3f} < 0.40")
     return failed
 
 

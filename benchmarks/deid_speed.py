@@ -10,7 +10,7 @@ Prints a markdown table of measured figures against the targets of issue 5:
 - text PII detection (``detect_batch`` over OCR-like blocks, spaCy NER + rules, one page
   per call as the operator sees it): target >= 2,000 words/s per core; and the whole
   ``TextPiiOperator.process`` (detection + pseudonyms + word rewrite);
-- the McAdams voice transform, x real time on one core.
+- the default voice anonymiser (and the old fixed McAdams transform), x real time on one core.
 
 Inputs are generated in memory. The machine may be shared: every figure is the best of
 ``--repeat`` runs of CPU time of this process (``time.process_time``), wall time beside it.
@@ -156,14 +156,18 @@ def text_figures(repeat: int) -> list[tuple[str, float, float, str]]:
 
 
 def voice_figures(repeat: int) -> list[tuple[str, float, float, str]]:
-    from modalign.operators.deid.voice import McAdamsTransform
+    from modalign.operators.deid.voice import McAdamsTransform, voice_transform
+    from modalign.schemas.policy import VoicePolicy
 
     x = np.concatenate([espeak_16k("The infrastructure budget is on track for this year.", v)
                         for v in ("en-us+m3", "en+f2", "en+m1")])
-    tf = McAdamsTransform(0.8)
     secs = len(x) / 16000
-    cpu, wall = best_of(lambda: tf(x), repeat)
-    return [(f"McAdams voice anonymisation ({secs:.1f} s of speech)", secs / cpu, secs / wall, "")]
+    tf = voice_transform(VoicePolicy(), secret=b"benchmark key")
+    cpu, wall = best_of(lambda: tf(x, 0, "bench/mic"), repeat)
+    rows = [(f"voice anonymisation, default policy ({secs:.1f} s of speech)", secs / cpu, secs / wall, tf.name)]
+    old = McAdamsTransform(0.8)
+    cpu, wall = best_of(lambda: old(x), repeat)
+    return rows + [(f"fixed McAdams 0.8 (old, linkable; {secs:.1f} s of speech)", secs / cpu, secs / wall, "")]
 
 
 def main() -> int:

@@ -193,10 +193,10 @@ def _decoder(words: set[str]) -> Any:
     lp = -math.log10(len(vocab) + 1)
     arpa = "\\data\\\nngram 1=%d\n\n\\1-grams:\n" % (len(vocab) + 2)
     arpa += "-99.0 <s>\n%.4f </s>\n" % lp + "".join("%.4f %s\n" % (lp, w) for w in vocab) + "\n\\end\\\n"
-    tmp = Path(tempfile.mkdtemp(prefix="modalign-ps-")) / "closed.arpa"
-    tmp.write_text(arpa)
-    return ps.Decoder(hmm=str(model / "en-us"), lm=str(tmp), dict=str(model / "cmudict-en-us.dict"),
-                      samprate=16000, loglevel="FATAL")
+    with tempfile.TemporaryDirectory(prefix="modalign-ps-") as d:  # the decoder reads the LM when built
+        (Path(d) / "closed.arpa").write_text(arpa)
+        return ps.Decoder(hmm=str(model / "en-us"), lm=str(Path(d) / "closed.arpa"),
+                          dict=str(model / "cmudict-en-us.dict"), samprate=16000, loglevel="FATAL")
 
 
 def _recognise(decoder: Any, x: np.ndarray) -> list[str]:
@@ -231,6 +231,8 @@ def eval_voice(voices: tuple[str, ...] = VOICES, sentences: tuple[str, ...] = SE
     """
     from modalign.operators.deid.voice import McAdamsTransform, anonymiser
 
+    if len(sentences) < 2:
+        raise ValueError("eval_voice needs at least two sentences: enrolment and trial are different utterances")
     policy = policy or DeidPolicy()
     torch = _need("torch", "torch")
     torch.set_num_threads(1)

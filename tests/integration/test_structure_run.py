@@ -108,8 +108,13 @@ def test_voice_and_face_counters_reach_run_json(run):
     out, summary = run
     c = summary["counts"]
     audio_events = ds.dataset(out / "events" / "audio", format="parquet").count_rows()
-    # the default voice policy keeps MFCCs and drops the waveform: every stored frame says so
-    assert c["voice_frames"] == {"waveform_dropped": audio_events} and audio_events == c["events"]["audio"] > 0
+    # the default voice policy anonymises the waveform before MFCC: every stored frame says which way
+    from modalign.operators.deid.voice import voice_transform
+    from modalign.schemas.policy import VoicePolicy
+
+    method = voice_transform(VoicePolicy()).name
+    assert method.startswith("voiceanon@2/")
+    assert c["voice_frames"] == {method: audio_events} and audio_events == c["events"]["audio"] > 0
     assert c["faces_blurred"] == 0 and c["frame_text_blurred"] == 0  # grey frames: nothing to remove
 
 

@@ -18,7 +18,6 @@ from modalign.pipeline import deid_eval as de
 pytestmark = pytest.mark.unit
 
 FACE_SAMPLES = 50  # <= 1 % of 50 means no face may leak
-VOICES = de.VOICES[:6]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +37,8 @@ def face_report():
 @pytest.fixture(scope="module")
 def voice_report():
     pytest.importorskip("resemblyzer", reason="evaluation extra: resemblyzer")
-    return de.eval_voice(VOICES)
+    pytest.importorskip("pocketsphinx", reason="evaluation extra: pocketsphinx")
+    return de.eval_voice(**de.QUICK_VOICE, alphas=(0.8,))  # the deid-eval --quick slice, plus the old method
 
 
 # -- text ------------------------------------------------------------------------------------
@@ -129,19 +129,31 @@ def test_face_samples_are_reproducible_and_varied():
 
 # -- voice -----------------------------------------------------------------------------------
 def test_speaker_encoder_links_original_voices(voice_report):
-    r = voice_report
-    assert r["same_speaker_mean"] > r["threshold"] > r["diff_speaker_mean"]
-    assert r["eer"] <= 0.15
+    r = voice_report["original"]
+    assert len(voice_report["speakers"]) >= 8 and voice_report["utterances"] >= 24
+    assert r["same_mean"] > r["threshold"] > r["diff_mean"]
+    assert r["eer"] <= 0.15 and r["rank1"] >= 0.9
 
 
-def test_anonymised_voice_falls_below_the_same_speaker_threshold(voice_report):
-    r = voice_report["alphas"]["0.80"]
-    thr = voice_report["threshold"]
-    assert r["anon_vs_orig_same_utt_mean"] < thr
-    assert r["anon_vs_orig_other_utt_mean"] < thr
-    assert r["anon_vs_orig_same_utt_mean"] < voice_report["same_speaker_mean"] - 0.08
-    assert r["accepted_at_threshold"] <= 0.1
-    assert r["vad_agreement"] >= 0.9  # speech content stays usable
+def test_anonymised_voice_is_not_linkable_by_either_attacker(voice_report):
+    """Measured on this slice: EER 6 % before; ignorant 31 %, lazy-informed 41 % after (50 % is chance)."""
+    ig, li = voice_report["ignorant"], voice_report["lazy_informed"]
+    assert voice_report["transform"].startswith("voiceanon@2/")
+    assert ig["eer"] >= 0.25 and li["eer"] >= 0.33
+    assert ig["same_mean"] < voice_report["threshold"] and li["same_mean"] < voice_report["threshold"]
+    assert voice_report["anon_vs_own_original_mean"] < voice_report["threshold"]
+    assert li["rank1"] <= 0.5 and ig["rank1"] <= 0.6
+    # the old fixed-alpha McAdams: one consistent pseudo-voice per speaker, linked by the lazy-informed attacker
+    old = voice_report["mcadams"]["0.80"]["lazy_informed"]
+    assert old["eer"] <= 0.2 and li["eer"] >= old["eer"] + 0.15
+
+
+def test_anonymised_speech_stays_recognisable(voice_report):
+    """pocketsphinx WER (closed vocabulary): measured 35 % before, 67 % after on this slice."""
+    w = voice_report["wer"]
+    assert w["words"] >= 200 and w["before"] <= 0.45
+    assert w["after"] <= 0.8  # the cost of the formant warps; speech stays partly recognisable
+    assert voice_report["x_real_time"] >= 10
 
 
 def test_eer_threshold_separates_clean_scores():
