@@ -299,6 +299,11 @@ def iban_valid(iban: str, registered_length: bool = True) -> bool:
     return int("".join(str(int(c, 36)) for c in rearranged)) % 97 == 1
 
 
+_IBAN_CONTEXT = re.compile(
+    r"(?i)\b(?:iban|account|acct|konto|kontonummer|compte|cuenta|conta|conto|rekening|rachunek|hesap|bank)\b[\W\w]{0,24}$"
+)
+
+
 def _find_ibans(text: str) -> Iterable[PiiSpan]:
     for m in _IBAN.finditer(text):
         pos = [m.start() + i for i, c in enumerate(m.group(0)) if c.isalnum()]
@@ -312,6 +317,9 @@ def _find_ibans(text: str) -> Iterable[PiiSpan]:
                     if n <= len(compact) and iban_valid(compact[:n])), None)
         if hit is None and want and len(raw) != want and iban_valid(raw, registered_length=False):
             hit = len(raw)  # checksum right, length off the registry (a mistyped or made-up bank code): still one
+        if (hit is None and 15 <= len(raw) <= 34 and sum(c.isdigit() for c in raw) >= 10
+                and _IBAN_CONTEXT.search(text, max(0, m.start() - 40), m.start())):
+            hit = len(raw)  # after "IBAN"/"account": OCR damage broke the checksum, it is still an account number
         if hit is not None:
             yield PiiSpan(m.start(), pos[hit - 1] + 1, "iban", SCORES["iban"])
 
