@@ -58,6 +58,14 @@ def _mfcc(n: int = 250) -> pa.Table:
     })
 
 
+def _anonymised_mfcc() -> pa.Table:
+    """MFCCs as the audio ingest hands them on under the default (anonymise) voice policy: marked."""
+    from modalign.operators.deid.voice import mark_transformed, voice_transform
+    from modalign.schemas.policy import VoicePolicy
+
+    return mark_transformed(_mfcc(), voice_transform(VoicePolicy()))
+
+
 def _blocks() -> pa.Table:
     text = "Budget review with Julia Fischer, julia.fischer@example.com"
     words = [{"text": w, "x0": 10 * i, "y0": 0, "x1": 10 * i + 9, "y1": 10, "conf": 95.0, "entity": None}
@@ -77,7 +85,7 @@ TABLE_EXAMPLES = {
     "frame_embed": _frames,
     "text_pii": _blocks,
     "text_block_embed": _blocks,
-    "voice_policy": _mfcc,
+    "voice_policy": _anonymised_mfcc,
     "audio_embed": _mfcc,
 }
 
