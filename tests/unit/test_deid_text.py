@@ -477,3 +477,24 @@ def test_one_pseudonym_for_a_name_read_three_ways_by_ocr(keys):
     table = blocks_table(["Øyvind Haugen approved.", "Oyvind Haugen approved.", "Qyvind Haugen approved."])
     texts = make_op(keys).process(table).column("text").to_pylist()
     assert len({tokens(t)[0] for t in texts}) == 1
+
+
+@pytest.mark.parametrize("text,value", [
+    ("Fødselsnummer 19058318038 on the form.", "19058318038"),  # Norway, two check digits
+    ("PESEL: 44051401359", "44051401359"),  # Poland
+    ("T.C. Kimlik No 10000000146", "10000000146"),  # Turkey
+    ("CPF 223.108.445-78", "223.108.445-78"),  # Brazil, written in its format: no cue needed
+    ("BSN: 111222333", "111222333"),  # Netherlands, 11-proof
+    ("NIR 255081416802538", "255081416802538"),  # France, key 97
+    ("Resident ID 331102199808059301", "331102199808059301"),  # China, check character
+    ("DNI 12345678Z", "12345678Z"),  # Spain
+    ("Codice fiscale: RSSMRA85T10A562S", "RSSMRA85T10A562S"),  # Italy, check letter
+])
+def test_national_ids_with_check_digits(text, value):
+    assert (value, "national_id") in _found(text)
+
+
+@pytest.mark.parametrize("text", ["Order 19058318038 shipped today.", "PESEL: 44051401358", "Total 12345678901 EUR",
+                                  "Codice fiscale: RSSMRA85T10A562X"])
+def test_numbers_without_an_id_cue_or_with_a_wrong_check_digit_are_not_ids(text):
+    assert [k for _, k in _found(text) if k == "national_id"] == []
