@@ -167,6 +167,7 @@ def test_render_reports_before_and_after_figures(text_report, face_report, voice
                     "voice": voice_report})
     assert md.startswith("# De-identification efficacy (policy modalign-default@2)")
     for needle in ("recall, direct identifiers", "F2, all entities", "OpenCV Haar cascade finds the face",
-                   "dlib descriptor links", "EER threshold", "| 0.80 |"):
+                   "dlib descriptor links", "| lazy-informed | anonymised |",
+                   "fixed McAdams 0.80 (old)", "WER"):
         assert needle in md
     assert de.to_json({"x": np.float32(0.5)}) == {"x": 0.5}
