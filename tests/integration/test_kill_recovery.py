@@ -116,6 +116,11 @@ def clean(session, tmp_path_factory) -> tuple[Path, dict[str, Counter]]:
     return out, _tables(out)
 
 
+def _keys(clean: tuple[Path, dict[str, Counter]]) -> Path:
+    """The clean run's key vault: outputs keyed by the tenant key (voice anonymisation) only compare under it."""
+    return clean[0].parent / "keys"
+
+
 def _start(inp: Path, out: Path, keys: Path) -> subprocess.Popen:
     """``modalign run`` in a process of its own, with one ingest actor (so the kill hits a known source)."""
     config = keys.parent / "one-ingest-actor.json"
@@ -215,7 +220,7 @@ def test_sigkill_of_the_driver_mid_rerun_leaves_the_old_commit(clean, session, t
     out = _copy(out0, tmp_path)
     old = modalign.open(out).snapshot.files()
     version = modalign.open(out).version
-    driver = _start(session, out, tmp_path / "keys")
+    driver = _start(session, out, _keys(clean))
     with _reading(out, expected) as reads:  # a user reading OUT while it is re-run and killed
         _wait_for(lambda: _new_parts(out, old), what="the re-run's first events part")
         kids = _descendants(driver.pid)
@@ -228,10 +233,10 @@ def test_sigkill_of_the_driver_mid_rerun_leaves_the_old_commit(clean, session, t
     assert modalign.open(out).run == modalign.open(out0).run  # run.json's commit, not the dead attempt's
 
     # A second writer while a run holds the lease is refused, naming the holder; nothing is written.
-    rerun = _start(session, out, tmp_path / "keys")
+    rerun = _start(session, out, _keys(clean))
     _wait_for(lambda: _lease_holder(out) == rerun.pid, what="the re-run's lease")
     with pytest.raises(OutputLockedError, match=f"being written by run .* \\(pid {rerun.pid} on "):
-        Runner(RunConfig(key_store=tmp_path / "keys"), out).run(session)
+        Runner(RunConfig(key_store=_keys(clean)), out).run(session)
     with _reading(out, expected) as reads:  # across the commit and the removal of the old files
         assert rerun.wait(timeout=600) == 0, _stderr(rerun)[-3000:]
     assert {v for v, _ in reads} <= {version, version + 1} and modalign.open(out).version == version + 1
@@ -244,7 +249,7 @@ def test_sigkill_of_the_aligner_fails_the_run_and_keeps_the_old_commit(clean, se
     out0, expected = clean
     out = _copy(out0, tmp_path)
     old = modalign.open(out).snapshot.files()
-    driver = _start(session, out, tmp_path / "keys")
+    driver = _start(session, out, _keys(clean))
     _wait_for(lambda: _new_parts(out, old), what="the re-run's first events part")
     _kill(_wait_for(lambda: _actor(driver, "AlignerActor"), what="the aligner actor"))
     rc = driver.wait(timeout=600)
@@ -258,7 +263,7 @@ def test_sigkill_of_the_aligner_fails_the_run_and_keeps_the_old_commit(clean, se
 def test_sigkill_of_the_ingest_actor_cuts_one_source_short_and_retries_the_rest(clean, session, tmp_path):
     out0, expected = clean
     out = tmp_path / "out"  # a fresh OUT: the killed run's own commit is compared with the clean one
-    driver = _start(session, out, tmp_path / "keys")
+    driver = _start(session, out, _keys(clean))
     _wait_for(lambda: (out / "events" / "video").is_dir() and _new_parts(out, set(), "events/video"),
               what="the video's first events part")
     _kill(_wait_for(lambda: _actor(driver, "IngestActor"), what="the ingest actor"))
@@ -292,7 +297,7 @@ def test_sigkill_of_the_ingest_actor_cuts_one_source_short_and_retries_the_rest(
     assert summary["talk"]["gaps"] >= len(talk_after)
 
     # The next run re-ingests it: the same output as a clean run.
-    rerun = _start(session, out, tmp_path / "keys")
+    rerun = _start(session, out, _keys(clean))
     assert rerun.wait(timeout=600) == 0, _stderr(rerun)[-3000:]
     _assert_same(expected, out)
     _on_disk_is_committed(out)
