@@ -171,7 +171,7 @@ def interpolate(frames: list[list[Seen]], times: list[int], w: int, h: int, back
     ``hold_s`` before it for a confirmed track (two detections, or one of ``CONFIRM_SCORE``),
     get its box moved back in time with its first measured velocity (a face found late).
     """
-    out = [[s.box for s in seen] for seen in frames]
+    out: list[dict[int, BoxT]] = [{s.track: s.box for s in seen} for seen in frames]
     hits: dict[int, list[int]] = {}
     for i, seen in enumerate(frames):
         for s in seen:
@@ -190,7 +190,9 @@ def interpolate(frames: list[list[Seen]], times: list[int], w: int, h: int, back
                 mid = tuple(x + f * (y - x) for x, y in zip(ba, bb))
                 near = min(times[j] - times[a], times[b] - times[j]) / 1e9
                 box = clip(moved(mid, (0.0,) * 4, near), min(boxes[a][4], boxes[b][4]), w, h)
-                out[j] = [x for x, s in zip(out[j], frames[j]) if s.track != tid] + ([box] if box else [])
+                out[j].pop(tid, None)
+                if box is not None:
+                    out[j][tid] = box
         first = idx[0]
         if first == 0 or tid in present[first - 1]:
             continue  # the track was alive before this detection: nothing to look back for
@@ -207,8 +209,8 @@ def interpolate(frames: list[list[Seen]], times: list[int], w: int, h: int, back
                 break
             box = clip(moved(base, vel, (times[j] - times[first]) / 1e9), boxes[first][4], w, h)
             if box is not None:
-                out[j].append(box)
-    return out
+                out[j][tid] = box
+    return [list(boxes.values()) for boxes in out]
 
 
 def moved(box: FBox, vel: FBox, dt_s: float) -> FBox:

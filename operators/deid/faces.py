@@ -414,8 +414,8 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
                 seen.append([])
                 continue
             boxes = self._detect(table, imgs[i], i, tiled[i], fine[i])
-            missed = self._tracks.missed(times[i], boxes) if second else []
-            if missed:  # a tracked face the first pass lost: look again, closer
+            missed = self._tracks.missed(times[i], boxes) if second and tiled[i] else []
+            if missed:  # a tracked face a full scan lost: look again, closer (between scans, tracks interpolate)
                 boxes = _dedupe(boxes + self._detect(table, imgs[i], i, tiled[i], fine[i], near=missed))
             if second:  # a weak detection that starts no track must be seen again up close (hands, textures)
                 boxes = [b if b[4] >= CONFIRM_SCORE or self._tracks.continues(times[i], b)

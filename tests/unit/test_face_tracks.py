@@ -202,3 +202,19 @@ def test_weak_one_off_detection_on_a_texture_is_not_held_but_a_face_is():
     assert raw and max(b[4] for b in raw) < 0.75  # precondition: the detector fires, weakly, on the texture
     assert boxed_frames(texture) == []
     assert boxed_frames(face) == list(range(13))  # 0.5 s at 25 fps after the last sight
+
+
+def test_two_faces_missed_in_the_same_frames_both_keep_their_box():
+    from modalign.operators.deid.face_tracks import interpolate
+
+    def other(i: int) -> tuple[int, int, int, int]:  # a second face, moving left, lower down
+        x0 = 520 - SPEED * i * FRAME_NS // 1_000_000_000
+        return x0, 240, x0 + 90, 330
+
+    tracks = FaceTracks(W, H, hold_s=0.5)
+    frames = [tracks.update(i * FRAME_NS, [(*face_at(i), 0.9), (*other(i), 0.8)] if i in (0, 1, 5, 6) else [])
+              for i in range(7)]
+    boxes = interpolate(frames, [i * FRAME_NS for i in range(7)], W, H, back=2, hold_s=0.5)
+    for i in range(7):
+        assert len(boxes[i]) == 2, (i, boxes[i])
+        assert any(covers(b, face_at(i)) for b in boxes[i]) and any(covers(b, other(i)) for b in boxes[i]), i
