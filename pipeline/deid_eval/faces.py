@@ -451,7 +451,7 @@ def eval_face_clips(quick: bool = False, policy: DeidPolicy | None = None, video
     checks = _FaceChecks()
     op = FaceBlurOperator(FaceBlurConfig(face=policy.face, policy_tag=policy.tag, secret=b"deid-eval" * 4))
     op.setup()
-    rows = [eval_clip(compose_clip(n=24 if quick else 75), checks, op, stride=3 if quick else 1)]
+    rows = [eval_clip(compose_clip(n=24 if quick else 75), checks, op, stride=4 if quick else 1)]
     if not quick:
         rows += [eval_clip(c, checks, op) for c in lfw_stills()]
         if videos:
