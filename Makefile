@@ -8,9 +8,9 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 APT_PKGS := tesseract-ocr tesseract-ocr-eng poppler-utils espeak-ng wamerican
 # deid-eval and its tests only: more voices, real videos with faces, real manuals (text precision)
-EVAL_APT_PKGS := flite pocketsphinx-testdata opencv-doc fonts-dejavu-core fonts-liberation quilt cvs libtasn1-doc pstoedit blktrace xmlformat-doc debdelta-doc purifyeps \
+EVAL_APT_PKGS := flite pocketsphinx-testdata alsa-utils opencv-doc fonts-dejavu-core fonts-liberation quilt cvs libtasn1-doc pstoedit blktrace xmlformat-doc debdelta-doc purifyeps \
                  pssh tig srf-doc coccinelle-doc shared-mime-info
-EVAL_FILES := /usr/bin/flite /usr/share/pocketsphinx/test/data /usr/share/doc/opencv-doc/examples/data/vtest.avi /usr/share/doc/quilt/quilt.pdf \
+EVAL_FILES := /usr/bin/flite /usr/share/pocketsphinx/test/data /usr/share/sounds/alsa/Front_Center.wav /usr/share/doc/opencv-doc/examples/data/vtest.avi /usr/share/doc/quilt/quilt.pdf \
               /usr/share/fonts/truetype/liberation/LiberationSerif-Regular.ttf /usr/share/fonts/truetype/dejavu/DejaVuSansMono.ttf \
               /usr/share/doc/coccinelle/manual.pdf /usr/share/doc/srf-doc/SRF_v_1_3_2_June_19th_2008-0001.pdf \
               /usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf /usr/share/doc/pssh/pssh-HOWTO.pdf

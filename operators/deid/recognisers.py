@@ -429,24 +429,26 @@ def _find_ips(text: str) -> Iterable[PiiSpan]:
 # Postal addresses, dates of birth, national identifiers
 # --------------------------------------------------------------------------------------
 _STREET_TYPES = (
-    r"Street|St|Road|Rd|Avenue|Ave|Lane|Ln|Drive|Dr|Boulevard|Blvd|Court|Ct|Place|Pl|Way|Terrace|Close|"
+    r"Street|[Ss]tr[ec][es][tl]|St|Road|Rd|Avenue|Ave|Lane|Ln|Drive|Dr|Boulevard|Blvd|Court|Ct|Place|Pl|Way|Terrace|Close|"
     r"Crescent|Square|Sq|Parkway|Pkwy|Highway|Hwy|Gardens|Grove|Row|Mews|Hill|Circle|Cir|Trail|Walk|Parade"
 )
 _CAP = r"[A-Z][A-Za-zÀ-ÖØ-öø-ÿ'’.-]*"
 # "221B Baker Street", "1600 Pennsylvania Avenue NW", "12-14 High St."; optional unit after a comma
 _STREET_EN = re.compile(
-    rf"(?<![\w,.])\d{{1,5}}[A-Za-z]?(?:[-–]\d{{1,5}}[A-Za-z]?)?,?[ ]+(?:{_CAP}[ ]+){{1,3}}"
+    rf"(?<![\w,])(?<!\d\.)\d{{1,5}}[A-Za-z]?(?:[-–]\d{{1,5}}[A-Za-z]?)?,?[ ]+(?:{_CAP}[ ]+){{1,3}}"
     rf"(?:{_STREET_TYPES})\b\.?(?:[ ]+(?:NW|NE|SW|SE|N|S|E|W)\b)?"
     rf"(?:,?[ ]+(?:Apt|Apartment|Suite|Ste|Unit|Flat|Floor|Fl)\.?[ ]*#?[ ]*\w{{1,5}})?"
 )
 # "Flat 3, 12 Baker Street" style unit before the number
 _UNIT_PREFIX = re.compile(r"(?:Flat|Apt|Apartment|Unit|Suite)\.?[ ]*\w{1,5},?[ ]+$")
 # German: "Hauptstraße 5", "Unter den Linden 77", "Karl-Marx-Allee 12a"
-_DE_TYPES = "stra(?:ß|ss|B)e|str\\.|weg|allee|platz|gasse|ring|damm|ufer|chaussee|steig|pfad"
+# (OCR reads ß as B, f, ff, fs or 8: "Berliner Straffe", "Bahnhofstrafe")
+_SZ = "(?:ß|ss|B|ff|fs|f|8)"
+_DE_TYPES = f"stra{_SZ}e|str\\.|weg|allee|platz|gasse|ring|damm|ufer|chaussee|steig|pfad"
 _STREET_DE = re.compile(
     r"(?<![\w])(?:[A-ZÄÖÜ][a-zäöüß]+(?:-[A-ZÄÖÜ][a-zäöüß]+)*"
-    rf"(?:(?:{_DE_TYPES})|[- ](?:Stra(?:ß|ss|B)e|Str\.|Weg|Allee|Platz|Gasse|Ring|Damm|Ufer|Chaussee))"
-    r"|(?:[A-ZÄÖÜ][a-zäöüß]+[ ]){2}(?:Stra(?:ß|ss|B)e|Str\.|Weg|Allee|Platz|Gasse|Ring|Damm|Ufer))"
+    rf"(?:(?:{_DE_TYPES})|[- ](?:Stra{_SZ}e|Str\.|Weg|Allee|Platz|Gasse|Ring|Damm|Ufer|Chaussee))"
+    rf"|(?:[A-ZÄÖÜ][a-zäöüß]+[ ]){{2}}(?:Stra{_SZ}e|Str\.|Weg|Allee|Platz|Gasse|Ring|Damm|Ufer))"
     r"[ ]+\d{1,4}[a-z]?(?:[-–]\d{1,4}[a-z]?)?(?![\w])"
 )
 _US_STATES = (
