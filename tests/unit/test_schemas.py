@@ -87,6 +87,6 @@ def test_readme_config_and_manifest_examples_are_valid(tmp_path):
     config = next(b.split("```")[0] for b in blocks if b.startswith("ingest:"))
     manifest = next(b.split("```")[0] for b in blocks if b.startswith("session_id:"))
     cfg = load_model(RunConfig, _write(tmp_path, config, "c.yaml"))
-    assert cfg.policy.voice.action == "anonymise" and cfg.runtime.address == "auto"
+    assert cfg.policy.voice.action == "keep_mfcc" and cfg.policy.voice.legal_basis and cfg.runtime.address == "auto"
     m = load_model(Manifest, _write(tmp_path, manifest, "m.yaml"))
     assert {s.id for s in m.sources} == {"room_video", "lapel", "slides"}
