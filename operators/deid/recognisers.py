@@ -101,7 +101,7 @@ class PiiSpan(NamedTuple):
 _LOCAL_SPLIT = re.compile(r"(?<![\w.@-])[a-z0-9][a-z0-9._%+-]*(?:\.[ ]|[ ](?=_))")
 _EMAIL = re.compile(
     r"(?<![\w.%+@-])"
-    r"(?P<local>[A-Za-z0-9_](?:[A-Za-z0-9._%+-]*[A-Za-z0-9_%+-])?)"
+    r"(?P<local>[A-Za-z0-9_\u00c0-\u024f](?:[A-Za-z0-9._%+\u00c0-\u024f-]*[A-Za-z0-9_%+\u00c0-\u024f-])?)"  # é: OCR, or UTF-8 mail
     r"[ \t]?@[ \t\n]?"
     r"(?P<domain>[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
     r"(?:[ \t]?\.[ \t\n]?[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)+)"
@@ -984,8 +984,18 @@ def _person_spans(repaired: str, index: list[int], doc: Any, original: str) -> l
     for ent in doc.ents:
         words = ent.text.split()
         if ent.label_ == "PERSON":
+            # NER glues neighbours onto a name across a line break ("June\nWei Rasmussen"): drop
+            # edge words that are no name word, then judge the rest
+            toks = [(m.start(), m.end()) for m in re.finditer(r"\S+", ent.text)]
+            while len(toks) > 1 and not _extends_name(ent.text[slice(*toks[0])].strip(",;:")):
+                toks.pop(0)
+            while len(toks) > 1 and not _extends_name(ent.text[slice(*toks[-1])].strip(",;:'’s")):
+                if re.fullmatch(r"[A-Z]\.", ent.text[slice(*toks[-1])]):
+                    break
+                toks.pop()
+            words = [ent.text[a:b] for a, b in toks]
             if looks_like_name(words):  # not "License", "Output Formats", "Cover Texts", "TA QUEUE"
-                add(ent.start_char, ent.end_char, SCORES["person_ner"])
+                add(ent.start_char + toks[0][0], ent.start_char + toks[-1][1], SCORES["person_ner"])
         elif (ent.label_ in ("ORG", "GPE", "NORP", "FAC", "PRODUCT", "WORK_OF_ART", "LOC") and len(words) >= 2
               and is_given_name(words[0]) and looks_like_name(words) and not any(is_common_word(w) for w in words)):
             add(ent.start_char, ent.end_char, SCORES["person_gazetteer"])
@@ -999,7 +1009,7 @@ def _person_spans(repaired: str, index: list[int], doc: Any, original: str) -> l
         # a surname that is also a word (Smith, Green, Leek) needs a particle or a very common given name
         if (is_given_name(first) and (particle or not is_common_word(last)
                                       or first.casefold() in GIVEN_NAMES)
-                and first.casefold() not in _PLACE_PREFIX
+                and first.casefold() not in _PLACE_PREFIX and first.casefold() not in _NOT_SURNAME  # "June", "May"
                 and last.casefold() not in _NOT_SURNAME and last.casefold() not in _COMMON_TITLE
                 and last.casefold() not in _MONTH_ABBR and not (first.isupper() or last.isupper())):
             add(m.start("first"), m.end("last"), SCORES["person_gazetteer"])
@@ -1095,7 +1105,7 @@ def _propagate(repaired: str, index: list[int], names: dict[str, tuple[str, floa
 # --------------------------------------------------------------------------------------
 # Public detection API
 # --------------------------------------------------------------------------------------
-def _resolve(spans: list[PiiSpan]) -> list[PiiSpan]:
+def _resolve(spans: list[PiiSpan], text: str = "") -> list[PiiSpan]:
     """Union overlapping spans of one kind; across kinds the higher-priority kind wins."""
     merged: list[PiiSpan] = []
     for kind in {s.kind for s in spans}:
@@ -1114,11 +1124,20 @@ def _resolve(spans: list[PiiSpan]) -> list[PiiSpan]:
         if all(s.end <= k.start or s.start >= k.end for k in kept):
             kept.append(s)
         elif s.kind == "person":
-            # a name running into an e-mail ("Klaus Steinberger Klaus.Steinberger AT ..."): keep the
-            # part before the first overlap rather than drop the name
-            cut = min(k.start for k in kept if k.end > s.start and k.start < s.end)
-            if cut - s.start >= 2 and all(cut <= k.start or s.start >= k.end for k in kept):
-                kept.append(PiiSpan(s.start, cut, s.kind, s.score))
+            # a name running into an e-mail or address ("Klaus Steinberger Klaus.Steinberger AT ...",
+            # "...20095 Hamburg\nWei Rasmussen"): keep the longest part outside them, not drop the name
+            pieces, pos = [], s.start
+            for k in sorted(k for k in kept if k.end > s.start and k.start < s.end):
+                pieces.append((pos, k.start))
+                pos = max(pos, k.end)
+            pieces.append((pos, s.end))
+            a, b = max(pieces, key=lambda ab: ab[1] - ab[0])
+            while a < b and text[a:a + 1].isspace():
+                a += 1
+            while b > a and text[b - 1:b].isspace():
+                b -= 1
+            if b - a >= 2 and all(b <= k.start or a >= k.end for k in kept):
+                kept.append(PiiSpan(a, b, s.kind, s.score))
     return sorted(kept)
 
 
@@ -1179,7 +1198,7 @@ def detect_batch(
             results[i].extend(persons[i])
             results[i].extend(_propagate(rtext, rindex, names, joined))
     floor = {k: (min_scores or {}).get(k, min_score) for k in KINDS}
-    return [_resolve([s for s in r if s.score >= floor[s.kind]]) for r in results]
+    return [_resolve([s for s in r if s.score >= floor[s.kind]], t or "") for r, t in zip(results, texts)]
 
 
 def find_pii(text: str, entities: Iterable[str] | None = None, min_score: float = 0.0) -> list[tuple[int, int, str, float]]:

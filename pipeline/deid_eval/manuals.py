@@ -47,7 +47,7 @@ MANUALS: tuple[Manual, ...] = (
            ("Andrew Morton", "William Shakespeare", "Edward C. Bailey")),
     Manual("cvs", "/usr/share/doc/cvs/cvs-paper.pdf", ("Brian Berliner", "berliner@prisma.com"),
            ("Dick Grune", "Jeff Polk", "Raymond B. Essick", "Robert Bruce Kolstad", "Masahiro Honda",
-            "Terrence Miller", "Andreas Lampen", "Axel Mahler", "Andy Glew", "Larry Jones", "Alex", "Andy",
+            "Terrence Miller", "Andreas Lampen", "Axel Mahler", "Walter F. Tichy", "Andy Glew", "Larry Jones", "Alex", "Andy",
             "Larry", "Dick")),
     Manual("cvs", "/usr/share/doc/cvs/cvsclient.pdf", ()),
     Manual("libtasn1-doc", "/usr/share/doc/libtasn1-doc/libtasn1.pdf",
