@@ -853,6 +853,16 @@ _NEXT_NAME_WORD = re.compile(rf"(?:[ ](?:van|von|de|del|der|den|da|di|dos|du|la|
 _PREV_NAME_WORD = re.compile(rf"(?<![\w@.])(?P<w>{_TITLE_WORD})[ ]$")
 
 
+def _not_a_name_word(word: str) -> bool:
+    """A word NER glued onto a name that is no part of it: a month, a title or organisation word,
+    a greeting, or not name-shaped (digits, lower case). A common word may be a surname (Green)."""
+    if re.fullmatch(r"[A-Z]\.", word):
+        return False
+    k = word.rstrip(".").casefold()
+    return (k in _COMMON_TITLE or k in _MONTH_ABBR or k in _NOT_SURNAME or k in _LEAD_TRIM
+            or not looks_like_name_shape([word]))
+
+
 def _extends_name(word: str) -> bool:
     k = word.casefold()
     return (not is_common_word(word) and k not in _COMMON_TITLE and k not in _NOT_SURNAME and k not in _MONTH_ABBR
@@ -987,11 +997,9 @@ def _person_spans(repaired: str, index: list[int], doc: Any, original: str) -> l
             # NER glues neighbours onto a name across a line break ("June\nWei Rasmussen"): drop
             # edge words that are no name word, then judge the rest
             toks = [(m.start(), m.end()) for m in re.finditer(r"\S+", ent.text)]
-            while len(toks) > 1 and not _extends_name(ent.text[slice(*toks[0])].strip(",;:")):
+            while len(toks) > 1 and _not_a_name_word(ent.text[slice(*toks[0])].strip(",;:")):
                 toks.pop(0)
-            while len(toks) > 1 and not _extends_name(ent.text[slice(*toks[-1])].strip(",;:'’s")):
-                if re.fullmatch(r"[A-Z]\.", ent.text[slice(*toks[-1])]):
-                    break
+            while len(toks) > 1 and _not_a_name_word(ent.text[slice(*toks[-1])].strip(",;:")):
                 toks.pop()
             words = [ent.text[a:b] for a, b in toks]
             if looks_like_name(words):  # not "License", "Output Formats", "Cover Texts", "TA QUEUE"
