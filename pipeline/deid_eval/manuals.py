@@ -60,7 +60,7 @@ MANUALS: tuple[Manual, ...] = (
             "Rolf Niepraschk", "Gisbert W. Selke", "Robert S. Maier", "Daniel Gehriger", "Allen Barnett",
             "Masatake Yamoto", "Bob Friesenhahn", "Peter Deutsch", "Russell Lang", "Thorsten Behrens",
             "Reini Urban", "Leszek Piotrowicz", "Kai-Uwe Sattler", "Uwe Sattler", "Dave", "Jan Bottorff",
-            "Piet van Oostrum", "Julian Smart", "Wolfgang", "Scott")),
+            "Piet van Oostrum", "Julian Smart", "Rob Warner", "Wolfgang", "Scott")),
     Manual("blktrace", "/usr/share/doc/blktrace/blktrace.pdf",
            ("Jens Axboe", "jens.axboe@oracle.com", "Alan D. Brunelle", "Alan.Brunelle@hp.com")),
     Manual("blktrace", "/usr/share/doc/blktrace/btt.pdf", ("Alan D. Brunelle", "Alan.Brunelle@hp.com")),
