@@ -376,12 +376,15 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
             else:
                 raw = self._detector.detect_near(img, near)
         except Exception:
-            raise ComplianceError(
-                f"face detection failed on event {event_ids(table)[i]}; the frame is withheld, not written raw",
-                source_uri=first_str(table, "source_uri"),
-                stage=self.kind,
-            ) from None
+            raise self._detection_failed(table, i) from None
         return _dedupe(_pad_clip(raw, pol.pad_ratio, img.shape[1], img.shape[0], pol.min_score))
+
+    def _detection_failed(self, table: pa.Table, i: int) -> ComplianceError:
+        return ComplianceError(
+            f"face detection failed on event {event_ids(table)[i]}; the frame is withheld, not written raw",
+            source_uri=first_str(table, "source_uri"),
+            stage=self.kind,
+        )
 
     def _verified(self, table: pa.Table, img: np.ndarray, i: int, box: BoxT) -> BoxT | None:
         """``box`` if both models, on an upscaled crop around it, find a face there scoring at
@@ -389,11 +392,7 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
         try:
             found = self._detector.detect_near(img, [box], both=True)
         except Exception:
-            raise ComplianceError(
-                f"face detection failed on event {event_ids(table)[i]}; the frame is withheld, not written raw",
-                source_uri=first_str(table, "source_uri"),
-                stage=self.kind,
-            ) from None
+            raise self._detection_failed(table, i) from None
         best = max((f[4] for f in found if overlap(f, box) > 0.3), default=0.0)
         return box[:4] + (best,) if best >= VERIFY_SCORE else None
 

@@ -70,7 +70,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from modalign.operators.base import OperatorConfig, TableOperator
-from modalign.operators.deid.faces import (anonymise_region, event_ids, first_str, frame_array, frames_like, region_schema,
+from modalign.operators.deid.faces import (_stream_key, anonymise_region, event_ids, first_str, frame_array, frames_like, region_schema,
                                   tensor_view, with_regions)
 from modalign.operators.deid.recognisers import RULES_VERSION, detect_batch, detector_name, load_nlp
 from modalign.operators.dependencies import binary, missing, require_tesseract_langs
@@ -289,7 +289,7 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
     def _add(self, table: pa.Table, frames: pa.ExtensionArray) -> None:
         """OCR this table's grid samples, extend the held rows by it and emit what is final."""
         cfg = self.config
-        stream, first, last = _stream_range(table)
+        stream, first, last = _stream_key(table)
         st = self._state
         if st is not None:
             later = st.last_order is None or first is None or first > st.last_order
@@ -453,21 +453,6 @@ def sample_rows(t_ns: np.ndarray | None, valid: np.ndarray, ocr_fps: float,
             picked.append(i)
         last_step = step if last_step is None else max(step, last_step)
     return picked, last_step
-
-
-def _stream_range(table: pa.Table) -> tuple[str | None, int | None, int | None]:
-    """(stream id: the event_id prefix, first and last ``t_ns``, else ``frame_index``)."""
-    stream = None
-    if "event_id" in table.column_names and table.num_rows:
-        first = table.column("event_id")[0].as_py()
-        stream = str(first).rsplit("/", 1)[0] if first is not None else None
-    for name in ("t_ns", "frame_index"):
-        if name in table.column_names and table.num_rows:
-            col = table.column(name)
-            a, b = col[0].as_py(), col[table.num_rows - 1].as_py()
-            if a is not None and b is not None:
-                return stream, int(a), int(b)
-    return stream, None, None
 
 
 def merge_boxes(boxes: list[BoxT]) -> list[BoxT]:
