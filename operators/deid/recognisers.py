@@ -61,7 +61,7 @@ from typing import Any, Iterable, Mapping, NamedTuple
 from modalign.operators.deid.name_lexicon import is_common_word, is_given_name, lexicon_version
 
 
-RULES_VERSION = "regex@3"  # 2: phones by numbering plans (libphonenumber); 3: name lexicons, no versions as IPs
+RULES_VERSION = "regex@4"  # 2: phones by numbering plans; 3: name lexicons, no versions as IPs; 4: product terms
 
 KINDS = ("person", "email", "phone", "iban", "card", "ip", "address", "date_of_birth", "national_id")
 # On overlap the more specific (checksummed) recogniser wins.
@@ -942,7 +942,7 @@ def load_nlp() -> Any:
 
 @lru_cache(maxsize=1)
 def detector_name() -> str:
-    """``spacy-en_core_web_sm@<model version>+regex@3+names=<n>,words=<n>``, recorded in every deid header."""
+    """``spacy-en_core_web_sm@<model version>+regex@4+names=<n>,words=<n>``, recorded in every deid header."""
     nlp = load_nlp()
     return f"spacy-en_core_web_sm@{nlp.meta.get('version', '?')}+{RULES_VERSION}+{lexicon_version()}"
 
@@ -1072,20 +1072,59 @@ def _clip_at_line_break(text: str, span: PiiSpan) -> PiiSpan:
     return span
 
 
+# What a product, program or format is used as and people are not: a term after an article
+# or determiner ("the Ghostscript interpreter", "a Quilt patch", "your Emacs"), before a
+# technical head noun ("Ghostscript executable", "Postfix configuration"), after "version of"
+# or a verb of software ("using Ghostscript", "install Quilt"), or written in CamelCase.
+_TERM_HEADS = frozenset(  # nouns only: "Smith files a claim" is no "Smith file"
+    "executable executables interpreter interpreters manual distribution distributions library libraries driver "
+    "drivers format mode plugin plugins server servers binary binaries installation directory documentation api "
+    "module modules engine backend frontend toolkit framework extension extensions syntax utility utilities "
+    "software protocol kernel compiler database interface repository config configuration daemon".split()
+)
+_BRAND_SUFFIX = re.compile(r"[ ]+(?:Software|Systems|Technologies|Labs|Corporation|Corp|Inc|Ltd|LLC|GmbH|Company|"
+                           r"Enterprises|Studios|Games|Networks)\b")
+# ... but "the Smith family", "the Müller case": people's names after an article
+_NOT_A_TERM_AFTER = (r"(?!\s+(?:family|families|household|brothers|sisters|twins|children|kids|couple|case|"
+                     r"estate|residence|house|home|farm|trial|administration|era|years|siblings|parents)\b)")
+_TERM_BEFORE = (r"(?:[Tt]he|[Aa]n?|[Yy]our|[Oo]ur|[Tt]his|[Tt]hat|[Aa]ny|[Ee]ach|[Ee]very|[Ii]ts|[Tt]heir|"
+                r"[Uu]sing|[Vv]ia|[Ii]nstall(?:s|ed|ing)?|[Rr]un(?:s|ning)?|[Ii]nvok(?:e|es|ed|ing)|"
+                r"(?:[Vv]ersions?|[Rr]eleases?|[Cc]opy|[Cc]opies)[ ]+of)")
+
+
 def _used_as_a_term(surface: str, score: float, batch_text: str) -> bool:
     """A name guess (NER, given-name list or capitalised pair; not a title, cue or verb rule)
-    one of whose words that is not a given name is used as a term elsewhere in the batch,
-    right after an article ("the Ghostscript interpreter", "a Quilt patch"): a product, not
-    a person. (Lower case is no such sign: "kircher AT edvz.tuwien.ac.at" is Kircher's own.)"""
+    one of whose words that is not a given name is used as a term elsewhere in the batch
+    (``batch_text``, repaired: line breaks are spaces, hyphenated words joined): a product,
+    not a person. (Lower case is no such sign: "kircher AT edvz.tuwien.ac.at" is Kircher's own;
+    nor is "with", "by" or "to" before it.)"""
     if score not in (SCORES["person_ner"], SCORES["person_gazetteer"], SCORES["person_pair"]):
         return False
     for w in _core_words(surface.split()):
-        if len(w) < 3 or is_given_name(w):
+        w = w.rstrip(".'’")
+        if len(w) < 3:
             continue
-        word = re.escape(w.rstrip(".'’"))
-        if re.search(rf"(?<![\w-])(?:[Tt]he|[Aa]n?)[ ]+{word}(?![\w-])", batch_text):
+        if is_given_name(w):
+            # a given name alone before a company word is a brand ("Aladdin Software"); people's
+            # firms carry surnames ("Müller GmbH")
+            if re.search(rf"(?<![\w-]){re.escape(w)}{_BRAND_SUFFIX.pattern}", batch_text):
+                return True
+        elif _is_a_term(w, batch_text):
             return True
     return False
+
+
+def _is_a_term(word: str, batch_text: str) -> bool:
+    """Whether ``word`` is used as a term in ``batch_text`` (see ``_TERM_HEADS``)."""
+    w = re.escape(word)
+    if re.search(rf"(?<![\w-]){_TERM_BEFORE}\s+{w}(?![\w'’-]){_NOT_A_TERM_AFTER}", batch_text):
+        return True
+    for m in re.finditer(rf"(?<![\w-]){w}(?:/\w+)?\s+(?P<head>[a-z]+)\b", batch_text):
+        if m.group("head") in _TERM_HEADS:
+            return True
+    # "GhostScript" beside "Ghostscript": a product's CamelCase spelling (a name is not re-capitalised)
+    return any(m.group(0) != word and m.group(0).casefold() == word.casefold()
+               for m in re.finditer(r"(?<![\w-])[A-Z][a-z]+[A-Z][a-z]+(?![\w])", batch_text))
 
 
 def _propagate(repaired: str, index: list[int], names: dict[str, tuple[str, float]], batch_text: str = "") -> list[PiiSpan]:
@@ -1099,7 +1138,7 @@ def _propagate(repaired: str, index: list[int], names: dict[str, tuple[str, floa
         for p in (parts[0], parts[-1]) if len(parts) > 1 else ():
             if (len(p) >= 3 and p.casefold() not in _NOT_SURNAME and not nlp_vocab[p.casefold()].is_stop
                     and not (is_common_word(p) and not is_given_name(p))
-                    and not re.search(rf"(?<![\w-])(?:[Tt]he|[Aa]n?)[ ]+{re.escape(p)}(?![\w-])", batch_text)):
+                    and not _is_a_term(p, batch_text)):
                 variants.add(p)  # "Fonseca" of "Jonas Fonseca", not "Green" of "Phil Green"
         for v in variants:
             pat = r"\s*".join(re.escape(c) for c in v.replace(" ", ""))
@@ -1190,7 +1229,7 @@ def detect_batch(
         for (i, rtext, rindex), doc in zip(views, nlp.pipe([v[1] for v in views], batch_size=64)):
             clipped = (_clip_at_line_break(texts[i], s) for s in _person_spans(rtext, rindex, doc, texts[i]))
             persons[i].extend(s for s in clipped if not _whole_line_guess(texts[i], s))
-        joined = "\n".join(texts[i] for i in idx)
+        joined = "\n".join(repaired[i][0] for i in idx)
         for i in idx:
             persons[i] = [s for s in persons[i] if not _used_as_a_term(texts[i][s.start:s.end], s.score, joined)]
         for i in idx:
