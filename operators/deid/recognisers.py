@@ -24,16 +24,11 @@ also searched for in every block.
 Precision trade-offs of the rules added for addresses, birth dates and national ids
 (measured by ``modalign.pipeline.deid_eval``):
 
-- ``address``: a house number + 1-3 capitalised words + a street type (``221B Baker
-  Street``, ``1600 Pennsylvania Avenue NW``, ``Flat 3, 12 High St``), German street names
-  (``Hauptstraße 5``, ``Am Alten Weg 3``), ``City, ST 12345`` (US state + ZIP), UK
-  postcodes (``NW1 6XE``, with the post town before it) and ``10115 Berlin`` (5 digits +
-  a capitalised word that is not a unit such as Euro). A street line followed within
-  48 characters by a postcode becomes one span. Missed: addresses without a street type
-  or postcode ("Baker Street" alone, PO boxes, most non-EN/DE formats). False hits: a
-  number before a capitalised phrase ending in a street-type word ("4 Project Way"), a
-  5-digit count before a capitalised noun ("12000 Besucher" is excluded, rarer nouns are
-  not). Score 0.6, the lowest: raise ``min_scores.address`` above it to switch it off.
+- ``address``: ``modalign.operators.deid.addresses`` (street types and postcode shapes of
+  many countries, grown over the neighbouring parts of the address; see its docstring for
+  what it misses and mistakes). Score 0.6, the lowest: raise ``min_scores.address`` above
+  it to switch it off. An address that overlaps a more specific span (a postcode read as a
+  phone) keeps its other parts.
 - ``date_of_birth``: only a date (numeric, ISO, or with an English/German month name)
   whose preceding 40 characters (one line break at most) hold a cue: born, DOB, D.O.B.,
   date of birth, birth date, birthday, geb./geboren/Geburtsdatum. A birth date without a
@@ -58,6 +53,7 @@ import unicodedata
 from functools import lru_cache
 from typing import Any, Iterable, Mapping, NamedTuple
 
+from modalign.operators.deid.addresses import find_addresses
 from modalign.operators.deid.name_lexicon import is_common_word, is_given_name, lexicon_version
 
 
@@ -428,87 +424,8 @@ def _find_ips(text: str) -> Iterable[PiiSpan]:
 # --------------------------------------------------------------------------------------
 # Postal addresses, dates of birth, national identifiers
 # --------------------------------------------------------------------------------------
-_STREET_TYPES = (
-    r"Street|[Ss]tr[ec][es][tl]|St|Road|Rd|Avenue|Ave|Lane|Ln|Drive|Dr|Boulevard|Blvd|Court|Ct|Place|Pl|Way|Terrace|Close|"
-    r"Crescent|Square|Sq|Parkway|Pkwy|Highway|Hwy|Gardens|Grove|Row|Mews|Hill|Circle|Cir|Trail|Walk|Parade"
-)
-_CAP = r"[A-Z][A-Za-zÀ-ÖØ-öø-ÿ'’.-]*"
-# "221B Baker Street", "1600 Pennsylvania Avenue NW", "12-14 High St."; optional unit after a comma
-_STREET_EN = re.compile(
-    rf"(?<![\w,])(?<!\d\.)\d{{1,5}}[A-Za-z]?(?:[-–]\d{{1,5}}[A-Za-z]?)?,?[ ]+(?:{_CAP}[ ]+){{1,3}}"
-    rf"(?:{_STREET_TYPES})\b\.?(?:[ ]+(?:NW|NE|SW|SE|N|S|E|W)\b)?"
-    rf"(?:,?[ ]+(?:Apt|Apartment|Suite|Ste|Unit|Flat|Floor|Fl)\.?[ ]*#?[ ]*\w{{1,5}})?"
-)
-# "Flat 3, 12 Baker Street" style unit before the number
-_UNIT_PREFIX = re.compile(r"(?:Flat|Apt|Apartment|Unit|Suite)\.?[ ]*\w{1,5},?[ ]+$")
-# German: "Hauptstraße 5", "Unter den Linden 77", "Karl-Marx-Allee 12a"
-# (OCR reads ß as B, f, ff, fs or 8: "Berliner Straffe", "Bahnhofstrafe")
-_SZ = "(?:ß|ss|B|ff|fs|f|8)"
-_DE_TYPES = f"stra{_SZ}e|str\\.|weg|allee|platz|gasse|ring|damm|ufer|chaussee|steig|pfad"
-_STREET_DE = re.compile(
-    r"(?<![\w])(?:[A-ZÄÖÜ][a-zäöüß]+(?:-[A-ZÄÖÜ][a-zäöüß]+)*"
-    rf"(?:(?:{_DE_TYPES})|[- ](?:Stra{_SZ}e|Str\.|Weg|Allee|Platz|Gasse|Ring|Damm|Ufer|Chaussee))"
-    rf"|(?:[A-ZÄÖÜ][a-zäöüß]+[ ]){{2}}(?:Stra{_SZ}e|Str\.|Weg|Allee|Platz|Gasse|Ring|Damm|Ufer))"
-    r"[ ]+\d{1,4}[a-z]?(?:[-–]\d{1,4}[a-z]?)?(?![\w])"
-)
-_US_STATES = (
-    "AL AK AZ AR CA CO CT DE DC FL GA HI ID IL IN IA KS KY LA ME MD MA MI MN MS MO MT NE NV NH NJ NM NY NC ND OH "
-    "OK OR PA RI SC SD TN TX UT VT VA WA WV WI WY PR"
-).split()
-# "Springfield, IL 62704", "New York, NY 10001-1234"
-_US_CITY_ZIP = re.compile(
-    rf"(?<![\w])(?:{_CAP}[ ]){{0,2}}{_CAP},[ ]*(?:{'|'.join(_US_STATES)})[ ]+\d{{5}}(?:-\d{{4}})?(?![\w-])"
-)
-# UK postcode (outward + inward code), optionally preceded by the post town: "London NW1 6XE"
-_UK_POSTCODE = re.compile(
-    r"(?<![\w])(?:[A-PR-UWYZ][A-HK-Y]?\d[A-Z\d]?)[ ]?\d[ABD-HJLNP-UW-Z]{2}(?![\w])"
-)
-_UK_TOWN = re.compile(rf"(?:{_CAP}[ ]){{1,2}}$")
-# German PLZ + city: "10115 Berlin", "80331 München"; not "10000 Euro"
-_DE_PLZ_CITY = re.compile(r"(?<![\w.,-])(?:D-)?\d{5}[ ]+[A-ZÄÖÜ][a-zäöüß]+(?:[ -][A-ZÄÖÜ][a-zäöüß]+)?(?![\w])")
-_NOT_CITY = frozenset(
-    "euro euros eur usd dollar dollars pfund stück units users items people pages words files rows records "
-    "employees customers points votes tickets downloads views members visitors kunden mitarbeiter".split()
-)
-_ADDRESS_JOIN = re.compile(rf"^[ ,]*(?:\n[ ]*)?(?:{_CAP}[ ,]*){{0,3}}$")
-
-
 def _find_addresses(text: str) -> Iterable[PiiSpan]:
-    """Street lines (EN/DE), US city+state+ZIP, UK postcodes, DE postcode+city; adjacent parts joined."""
-    parts: list[tuple[int, int, str]] = []
-    for m in _STREET_EN.finditer(text):
-        start = m.start()
-        unit = _UNIT_PREFIX.search(text[max(0, start - 24):start])
-        if unit:
-            start = start - (len(text[max(0, start - 24):start]) - unit.start())
-        parts.append((start, m.end(), "street"))
-    for m in _STREET_DE.finditer(text):
-        parts.append((m.start(), m.end(), "street"))
-    for m in _US_CITY_ZIP.finditer(text):
-        parts.append((m.start(), m.end(), "zip"))
-    for m in _UK_POSTCODE.finditer(text):
-        compact = m.group(0).replace(" ", "")
-        if not any(c.isdigit() for c in compact[:-3]) or len(compact) < 5:
-            continue
-        start = m.start()
-        town = _UK_TOWN.search(text[max(0, start - 40):start])
-        if town:  # "London NW1 6XE": the post town belongs to the postcode
-            start = start - (len(text[max(0, start - 40):start]) - town.start())
-        parts.append((start, m.end(), "zip"))
-    for m in _DE_PLZ_CITY.finditer(text):
-        city = m.group(0).split()[-1]
-        if city.casefold() not in _NOT_CITY and not city.isupper():
-            parts.append((m.start(), m.end(), "zip"))
-    parts.sort()
-    joined: list[list[int]] = []
-    for s, e, kind in parts:
-        if joined and s <= joined[-1][1]:
-            joined[-1][1] = max(joined[-1][1], e)
-        elif joined and kind == "zip" and s - joined[-1][1] <= 48 and _ADDRESS_JOIN.match(text[joined[-1][1]:s]):
-            joined[-1][1] = e  # "221B Baker Street, London NW1 6XE": one address
-        else:
-            joined.append([s, e])
-    for s, e in joined:
+    for s, e in find_addresses(text):
         yield PiiSpan(s, e, "address", SCORES["address"])
 
 
@@ -1170,21 +1087,24 @@ def _resolve(spans: list[PiiSpan], text: str = "") -> list[PiiSpan]:
     for s in sorted(merged, key=lambda s: (_PRIORITY[s.kind], -(s.end - s.start), s.start)):
         if all(s.end <= k.start or s.start >= k.end for k in kept):
             kept.append(s)
-        elif s.kind == "person":
+        elif s.kind in ("person", "address"):
             # a name running into an e-mail or address ("Klaus Steinberger Klaus.Steinberger AT ...",
-            # "...20095 Hamburg\nWei Rasmussen"): keep the longest part outside them, not drop the name
+            # "...20095 Hamburg\nWei Rasmussen"): keep the longest part outside them, not drop the name;
+            # an address around a postcode read as a phone ("..., 10672-432 Andrade da Serra"): all its parts
             pieces, pos = [], s.start
             for k in sorted(k for k in kept if k.end > s.start and k.start < s.end):
                 pieces.append((pos, k.start))
                 pos = max(pos, k.end)
             pieces.append((pos, s.end))
-            a, b = max(pieces, key=lambda ab: ab[1] - ab[0])
-            while a < b and text[a:a + 1].isspace():
-                a += 1
-            while b > a and text[b - 1:b].isspace():
-                b -= 1
-            if b - a >= 2 and all(b <= k.start or a >= k.end for k in kept):
-                kept.append(PiiSpan(a, b, s.kind, s.score))
+            if s.kind == "person":
+                pieces = [max(pieces, key=lambda ab: ab[1] - ab[0])]
+            for a, b in pieces:
+                while a < b and text[a:a + 1].isspace():
+                    a += 1
+                while b > a and text[b - 1:b].isspace():
+                    b -= 1
+                if b - a >= 2 and all(b <= k.start or a >= k.end for k in kept):
+                    kept.append(PiiSpan(a, b, s.kind, s.score))
     return sorted(kept)
 
 

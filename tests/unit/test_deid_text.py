@@ -281,6 +281,35 @@ def test_address_dob_and_national_id_found(text, value, kind):
     assert (value, kind) in got
 
 
+@pytest.mark.parametrize("address", [
+    "Storgata 5, 0155 Oslo",  # a street of any type + a four-digit postcode
+    "12, rue de la Paix, 75002 Paris",
+    "Calle Mayor 12, 28013 Madrid",
+    "Via Garibaldi, 12, 20121, Milano (MI)",
+    "ul. Długa 5/7, 00-238 Warszawa",
+    "Rua Augusta, 100, Consolação, 01305-000 São Paulo / SP",
+    "Keizersgracht 123, 1015 CJ, Amsterdam",
+    "Atatürk Caddesi No: 12",
+    "北京市海淀区中关村大街27号 100080",
+    "H.No. 12, MG Marg, Gangtok-737101",
+    "Unit 1527 Box 5892, DPO AP 05099",
+    "12 Main Street D02 X285 Dublin",
+])
+def test_addresses_of_many_countries_found_whole(address):
+    text = f"Please write to {address} in May."
+    assert [(text[s:e], k) for s, e, k, _ in find_pii(text, ["address"])] == [(address, "address")]
+
+
+@pytest.mark.parametrize("text", [
+    "Ronda Rousey won. Via Roma is long.",  # a type-first street word needs a house number
+    "See Chapter 12, 2012 Edition, and Table 3, 1998 Oslo.",  # a common word is no street
+    "W 223490 8,0 Q 12 0 + 8 [blkparse]",  # one letter before six digits is no Indian city
+    "In 2019 Berlin hosted the games.",  # four digits and a city need a street part before them
+])
+def test_multilingual_address_rules_reject_lookalikes(text):
+    assert find_pii(text, ["address"]) == []
+
+
 @pytest.mark.parametrize(
     "text",
     [
