@@ -111,7 +111,7 @@ _POSTCODES = (
     (re.compile(r"(?<![\w])(?:APO|FPO|DPO)[ ]+(?:AA|AE|AP)[ ]+\d{5}(?![\w])"), False),  # US military mail
     (re.compile(rf"(?<![\w.,-])\d{{8}}[ ]+{_CITY}"), True),  # BR 74833788
     (re.compile(rf"(?<![\w.,-])\d{{4}},?[ ]+{_CITY}"), True),  # NO DK CH AT BE AU: also "1998 Berlin"
-    (re.compile(rf"(?<![\w.,-])\d{{5,6}}(?![\w.,-]\d)"), True),  # ES "Córdoba, 47999", IT "30010,", CN
+    (re.compile(r"(?<![\w.,-])\d{5,6}(?![\w.,-]\d)"), True),  # ES "Córdoba, 47999", IT "30010,", CN
     (re.compile(_EIRCODE), True),  # IE Eircode F83 7022, T92 YRFD
 )
 _US_STATES = (
