@@ -30,6 +30,7 @@ from pydantic import Field
 
 from modalign.operators.base import OperatorConfig, TableOperator
 from modalign.operators.deid.keystore import KeyStore
+from modalign.operators.deid.name_lexicon import lexicon_version
 from modalign.operators.deid.recognisers import (RULES_VERSION, PiiSpan, detect_batch, detector_name, load_nlp,
                                                  name_key, normalise)
 from modalign.schemas.errors import ComplianceError, InputError, ModalignError
@@ -105,6 +106,8 @@ class TextPiiOperator(TableOperator[TextPiiConfig]):
         self._store = KeyStore(self.config.key_store_dir)
         if "person" in self.config.text.entities:
             load_nlp()
+        if {"person", "address"} & set(self.config.text.entities):
+            lexicon_version()  # the word lists load here: a missing one fails the setup, not the first batch
         self._ready = True
 
     @property

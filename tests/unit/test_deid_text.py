@@ -546,3 +546,21 @@ def test_national_ids_with_check_digits(text, value):
                                   "Codice fiscale: RSSMRA85T10A562X"])
 def test_numbers_without_an_id_cue_or_with_a_wrong_check_digit_are_not_ids(text):
     assert [k for _, k in _found(text) if k == "national_id"] == []
+
+
+def test_a_missing_word_list_fails_the_operator_setup_naming_it(tmp_path, monkeypatch):
+    from modalign.operators.deid import name_lexicon
+    from modalign.schemas.errors import DependencyMissingError
+
+    missing = tmp_path / "no-such-words"
+    monkeypatch.setenv(name_lexicon.WORDLIST_ENV, str(missing))
+    name_lexicon.common_words.cache_clear()
+    name_lexicon.given_names.cache_clear()
+    try:
+        op = TextPiiOperator(TextPiiConfig(key_store_dir=tmp_path / "keys"))
+        with pytest.raises(DependencyMissingError, match="no-such-words"):
+            op.setup()
+    finally:
+        monkeypatch.delenv(name_lexicon.WORDLIST_ENV)
+        name_lexicon.common_words.cache_clear()
+        name_lexicon.given_names.cache_clear()
