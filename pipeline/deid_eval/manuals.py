@@ -95,6 +95,13 @@ def _key(text: str) -> str:
     return re.sub(r"[\W_¨´`ˆ˜¸ˇ˚]+", "", fold(text))
 
 
+def _masked(n: int, field: str, label: str) -> str:
+    """A kept name as the report shows it: initials and where it is labelled ("B. F. (people[27])"),
+    never the name itself (a report is printed and stored; the label list says who it is)."""
+    initials = " ".join(w[0] + "." for w in label.replace("@", " ").split() if w[:1].isalpha())
+    return f"{initials} ({field}[{n}])"
+
+
 def _span_ok(kind: str, text: str, labels: list[str]) -> bool:
     """Whether a replaced span is what its kind claims (see the module docstring)."""
     flat = " ".join(text.split())
@@ -153,8 +160,8 @@ def eval_manuals(work_dir: Path, policy: DeidPolicy | None = None, manuals: tupl
                         wrong.append(f"{path.name}:{s.kind}:{' '.join(text[s.start:s.end].split())}")
             out_text += [t or "" for t in op.process(table).column("text").to_pylist()]
         flat = _key(" ".join(out_text))
-        kept_authors = [a for a in man.authors if _key(a) in flat]
-        kept_people = [p for p in man.people if len(p.split()) > 1 and _key(p) in flat]
+        kept_authors = [_masked(i, "authors", a) for i, a in enumerate(man.authors) if _key(a) in flat]
+        kept_people = [_masked(i, "people", p) for i, p in enumerate(man.people) if len(p.split()) > 1 and _key(p) in flat]
         rows.append({"manual": path.name, "package": man.package, "spans": spans, "correct": spans_ok,
                      "person_spans": persons, "person_correct": person_ok, "authors": len(man.authors),
                      "authors_kept": kept_authors, "people": len([p for p in man.people if len(p.split()) > 1]),

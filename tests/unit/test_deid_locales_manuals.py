@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from modalign.pipeline.deid_eval import QUICK_MANUALS, eval_locales_ocr, eval_locales_text, eval_manuals
+from modalign.pipeline.deid_eval import MANUALS, QUICK_MANUALS, eval_locales_ocr, eval_locales_text, eval_manuals
 from modalign.pipeline.deid_eval.locales import FONTS, LOCALES, render_locales
 from modalign.pipeline.deid_eval.manuals import render_manuals
 
@@ -51,4 +51,13 @@ def test_real_manuals_precision_and_every_author_replaced(manuals):
     assert manuals["author_recall"] == 1.0, [m["authors_kept"] for m in manuals["manuals"]]
     assert manuals["precision"] >= 0.95, manuals["wrong"]
     assert "Brunelle" not in " ".join(manuals["wrong"])  # a real author is never counted wrong
-    assert "| quilt.pdf |" in "\n".join(render_manuals(manuals))
+    report = "\n".join(render_manuals(manuals))
+    assert "| quilt.pdf |" in report
+    # the report names no labelled person (a kept one shows as initials and its label's place)
+    assert not [n for m in MANUALS for n in (*m.authors, *m.people) if len(n.split()) > 1 and n in report]
+
+
+def test_a_kept_name_is_reported_masked():
+    from modalign.pipeline.deid_eval.manuals import _masked
+
+    assert _masked(27, "people", "Bob Friesenhahn") == "B. F. (people[27])"
