@@ -78,6 +78,10 @@ class FaceTracks:
         self.last_t_ns: int | None = None
         self._next_id = 0
 
+    def live(self) -> set[int]:
+        """Ids of the tracks alive now."""
+        return {track.id for track in self.tracks}
+
     def step(self, t_ns: int, detections: list[BoxT], confident: bool = True) -> list[BoxT]:
         """Feed one frame's (padded) detections; returns the boxes of tracks this frame missed."""
         return [s.box for s in self.update(t_ns, detections, confident) if not s.detected]
@@ -163,54 +167,125 @@ class FaceTracks:
 
 def interpolate(frames: list[list[Seen]], times: list[int], w: int, h: int, back: int,
                 hold_s: float = 0.0) -> list[list[BoxT]]:
-    """Boxes per frame of a table, refined with hindsight from ``FaceTracks.update``'s output.
+    """Boxes per frame of a whole stream (``FaceTracks.update``'s output from its first frame
+    on), refined with hindsight: ``Hindsight`` fed every frame, then finished."""
+    hs = Hindsight(w, h, back, hold_s)
+    for seen, t in zip(frames, times):
+        hs.add(t, seen, set())
+    return hs.pop(end=True)
+
+
+@dataclass
+class _Held:
+    pos: int  # frame's position in the stream
+    t_ns: int
+    seen: dict[int, BoxT]  # track id -> its box here, as ``FaceTracks.update`` gave it
+    open: frozenset[int]  # tracks alive here and not detected here: their next detection decides
+
+
+class Hindsight:
+    """``FaceTracks.update``'s boxes refined with hindsight, over a stream fed frame by frame.
 
     A carried box between two detections of its track is replaced by the box interpolated
     between them (padded by ``GROWTH_PER_S`` per second to the nearer detection); up to
-    ``back`` frames before a track's first detection in the table, or all frames up to
-    ``hold_s`` before it for a confirmed track (two detections, or one of ``CONFIRM_SCORE``),
-    get its box moved back in time with its first measured velocity (a face found late).
+    ``back`` frames before a track's first detection, or all frames up to ``hold_s`` before
+    it for a confirmed track (two detections, or one of ``CONFIRM_SCORE``), get its box moved
+    back in time with its first measured velocity (a face found late).
+
+    Look-ahead: ``pop`` returns the boxes of the oldest frames that no later frame can change
+    any more: every track alive and undetected there has been detected again or has ended,
+    ``back`` later frames and ``hold_s`` of later time have been seen, and each track born in
+    that span has its second detection or has ended. So the boxes of a frame are the same
+    however the stream is cut into calls (times must increase). ``pop(end=True)`` at the end
+    of the stream returns the rest.
     """
-    out: list[dict[int, BoxT]] = [{s.track: s.box for s in seen} for seen in frames]
-    hits: dict[int, list[int]] = {}
-    for i, seen in enumerate(frames):
+
+    def __init__(self, w: int, h: int, back: int, hold_s: float) -> None:
+        self.w, self.h, self.back, self.hold_s = w, h, back, hold_s
+        self.rows: list[_Held] = []  # frames fed and not popped, oldest first
+        self.dets: dict[int, list[tuple[int, int, BoxT]]] = {}  # track -> its detections (pos, t_ns, box)
+        self.live: set[int] = set()  # tracks alive after the last frame fed
+        self.pos = 0  # frames fed so far
+        self.last_t: int | None = None
+
+    def add(self, t_ns: int, seen: list[Seen], live: set[int]) -> None:
+        """One frame, in stream order: ``seen`` from ``FaceTracks.update`` (empty for a frame
+        that was not scanned), ``live`` the ids of the tracks alive after it."""
         for s in seen:
             if s.detected:
-                hits.setdefault(s.track, []).append(i)
-    present = [{s.track for s in seen} for seen in frames]
-    for tid, idx in hits.items():
-        boxes = {i: next(s.box for s in frames[i] if s.track == tid and s.detected) for i in idx}
-        for a, b in zip(idx, idx[1:]):
-            if b - a < 2:
-                continue
-            ba, bb = _f(boxes[a]), _f(boxes[b])
-            span = (times[b] - times[a]) / 1e9
-            for j in range(a + 1, b):
-                f = (times[j] - times[a]) / 1e9 / span if span > 0 else 0.5
+                self.dets.setdefault(s.track, []).append((self.pos, t_ns, s.box))
+        detected = {s.track for s in seen if s.detected}
+        self.rows.append(_Held(self.pos, t_ns, {s.track: s.box for s in seen}, frozenset(live - detected)))
+        self.live = set(live)
+        self.pos += 1
+        self.last_t = t_ns
+
+    def pop(self, end: bool = False) -> list[list[BoxT]]:
+        """Boxes of the oldest frames whose boxes are final (every frame left with ``end``)."""
+        out = []
+        while self.rows and (end or self._final(self.rows[0])):
+            out.append(self._boxes(self.rows.pop(0)))
+        self._prune()
+        return out
+
+    def _final(self, row: _Held) -> bool:
+        p, t = row.pos, row.t_ns
+        for tid in row.open:  # a miss between two detections: the next one must be known (or none come)
+            if tid in self.live and self.dets[tid][-1][0] < p:
+                return False
+        if self.pos - 1 - p < self.back or self.last_t - t <= self.hold_s * 1e9:
+            return False  # a face first found in a later frame could still look back to this one
+        for tid, d in self.dets.items():  # a track born since: its velocity and confirmation
+            f, tf = d[0][0], d[0][1]
+            if f > p and len(d) < 2 and tid in self.live and (f - p <= self.back or tf - t <= self.hold_s * 1e9):
+                return False
+        return True
+
+    def _boxes(self, row: _Held) -> list[BoxT]:
+        p, t = row.pos, row.t_ns
+        out = dict(row.seen)
+        for tid, d in self.dets.items():
+            k = next((k for k, x in enumerate(d) if x[0] > p), len(d))
+            if 0 < k < len(d) and d[k - 1][0] < p:  # between two detections: interpolated
+                (_, ta, a), (_, tb, b) = d[k - 1], d[k]
+                ba, bb = _f(a), _f(b)
+                span = (tb - ta) / 1e9
+                f = (t - ta) / 1e9 / span if span > 0 else 0.5
                 mid = tuple(x + f * (y - x) for x, y in zip(ba, bb))
-                near = min(times[j] - times[a], times[b] - times[j]) / 1e9
-                box = clip(moved(mid, (0.0,) * 4, near), min(boxes[a][4], boxes[b][4]), w, h)
-                out[j].pop(tid, None)
+                near = min(t - ta, tb - t) / 1e9
+                box = clip(moved(mid, (0.0,) * 4, near), min(a[4], b[4]), self.w, self.h)
+                out.pop(tid, None)
                 if box is not None:
-                    out[j][tid] = box
-        first = idx[0]
-        if first == 0 or tid in present[first - 1]:
-            continue  # the track was alive before this detection: nothing to look back for
-        base = _f(boxes[first])
-        vel = (0.0,) * 4
-        if len(idx) > 1 and times[idx[1]] > times[first]:
-            dt = (times[idx[1]] - times[first]) / 1e9
-            size = max(base[2] - base[0], base[3] - base[1], 1.0)
-            vel = tuple(max(-MAX_SPEED * size, min(MAX_SPEED * size, (y - x) / dt))
-                        for x, y in zip(base, _f(boxes[idx[1]])))
-        confirmed = len(idx) > 1 or boxes[first][4] >= CONFIRM_SCORE
-        for j in range(first - 1, -1, -1):
-            if first - j > back and not (confirmed and times[first] - times[j] <= hold_s * 1e9):
-                break
-            box = clip(moved(base, vel, (times[j] - times[first]) / 1e9), boxes[first][4], w, h)
-            if box is not None:
-                out[j][tid] = box
-    return [list(boxes.values()) for boxes in out]
+                    out[tid] = box
+            elif k == 0:  # before the track's first detection: moved back in time
+                first, tf, fb = d[0]
+                base = _f(fb)
+                vel = (0.0,) * 4
+                if len(d) > 1 and d[1][1] > tf:
+                    dt = (d[1][1] - tf) / 1e9
+                    size = max(base[2] - base[0], base[3] - base[1], 1.0)
+                    vel = tuple(max(-MAX_SPEED * size, min(MAX_SPEED * size, (y - x) / dt))
+                                for x, y in zip(base, _f(d[1][2])))
+                confirmed = len(d) > 1 or fb[4] >= CONFIRM_SCORE
+                if first - p > self.back and not (confirmed and tf - t <= self.hold_s * 1e9):
+                    continue
+                box = clip(moved(base, vel, (t - tf) / 1e9), fb[4], self.w, self.h)
+                if box is not None:
+                    out[tid] = box
+        return list(out.values())
+
+    def _prune(self) -> None:
+        """Forget what no frame still held can need: ended tracks with no detection after the
+        oldest held frame, and a live track's detections before its last one before it."""
+        oldest = self.rows[0].pos if self.rows else self.pos
+        for tid in list(self.dets):
+            d = self.dets[tid]
+            if tid not in self.live and d[-1][0] < oldest:
+                del self.dets[tid]
+                continue
+            before = [k for k, x in enumerate(d) if x[0] < oldest]
+            if len(before) > 3:  # keep the first two (velocity, birth) and the last one before
+                self.dets[tid] = d[:2] + d[before[-1]:]
 
 
 def moved(box: FBox, vel: FBox, dt_s: float) -> FBox:

@@ -9,9 +9,11 @@ action ``mask`` fills each box with its mean colour instead (nothing of the face
 
 Small faces: MediaPipe's full-range model sees the frame letterboxed to 192x192, so faces
 under ~110 px in 720p are missed whole-frame; ``FacePolicy.tiles`` (default 2) adds a pass
-over a 2x2 grid of overlapping tiles. ``tile_every = 2`` runs that pass on every other
-frame of a dense stream (the face tracks cover the frames between; sparse or
-sampled frames always get it), and the second model's 3x3 grid on every other tiled frame.
+over a 2x2 grid of overlapping tiles. ``tile_every = 2`` runs that pass on the frames at
+even positions of a dense stream (the face tracks cover the frames between; sparse or
+sampled frames, and the stream's last frame, always get it), and the second model's 3x3
+grid on every other tiled frame. The grid is the stream's (a frame's position in it), not
+the table's.
 
 Second pass: with ``FacePolicy.second_pass`` the short-range model (another network) also
 runs on the tiles, and on an upscaled crop around each tracked face the first pass missed
@@ -24,20 +26,33 @@ Temporal consistency (faces fail closed): detections feed face tracks
 (``modalign.operators.deid.face_tracks``, kept across the tables of one stream, same
 ``event_id`` prefix, later ``t_ns``). Each face gets one box per frame: its detection, the
 box interpolated between two detections around a miss, its box moved back in time for up
-to ``track_hold_s`` before it was first found in the table (``temporal_window`` frames for
-a single weak detection), or, forward in time and at the end
-of a table, its last box moved with its velocity and widened until the track has been
-missed for ``FacePolicy.track_hold_s`` and in 3 fully scanned frames in a row (a weak
-detection never seen again is dropped after 2 frames: hands and textures). With
-``track_hold_s = 0`` the older static window applies instead: a detection in frame ``i`` is
-copied to frames ``i - temporal_window .. i + temporal_window`` (carried into the next
-table of the stream). Call ``reset()`` between unrelated streams.
+to ``track_hold_s`` before it was first found (``temporal_window`` frames for a single weak
+detection), or, forward in time, its last box moved with its velocity and widened until
+the track has been missed for ``FacePolicy.track_hold_s`` and in 3 fully scanned frames in
+a row (a weak detection never seen again is dropped after 2 frames: hands and textures).
+With ``track_hold_s = 0`` the older static window applies instead: a detection in frame
+``i`` is copied to frames ``i - temporal_window .. i + temporal_window``.
+
+Look-ahead across tables: a frame's boxes can depend on later frames (the next detection of
+a track missed there, a face found up to ``track_hold_s`` later, the window; its own tiling
+on the gap to the next frame), which may lie in a later table. So the operator holds back
+the frames whose boxes could still change (raw, in this process: about ``track_hold_s``
+plus one frame while a face is tracked, a frame or two otherwise) and emits them, anonymised,
+with the output of a later table of the same stream. ``process`` returns the frames that are
+final so far, in stream order, which may be fewer rows than it was given (or none); the
+same frames give byte-identical output (pixels and boxes) for any batching, in every run
+(the permutation key is the tenant secret, the salt the frame's event id). At the end of a
+stream ``flush()`` returns the rest (the worker calls it after the source's last batch); a
+new frame shape, or time going back, ends a segment the same way (its frames come out with
+the next call). A table of another stream before a flush drops what was held (withheld,
+with a warning); ``reset()`` drops it too.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import math
 import os
 from dataclasses import dataclass, field
@@ -48,12 +63,14 @@ import pyarrow as pa
 from pydantic import Field
 
 from modalign.operators.base import OperatorConfig, TableOperator
-from modalign.operators.deid.face_tracks import CONFIRM_SCORE, FaceTracks, interpolate, overlap
+from modalign.operators.deid.face_tracks import CONFIRM_SCORE, FaceTracks, Hindsight, overlap
 from modalign.operators.dependencies import require
 from modalign.schemas.errors import ComplianceError, InputError
 from modalign.schemas.arrow import arrow_type
 from modalign.schemas.policy import DEFAULT_POLICY_TAG, FacePolicy
 from modalign.schemas.tables import Box, DeidHeader
+
+log = logging.getLogger(__name__)
 
 FRAME = "frame"
 FACE_BOXES = "face_boxes"
@@ -251,13 +268,54 @@ def _run(fd: Any, rgb: np.ndarray, region: tuple[int, int, int, int]) -> list[tu
 
 
 @dataclass
-class _Carry:
-    """Detections of the last frames of the previous table (oldest first)."""
+class _Row:
+    """One frame of a stream on its way through the operator (raw pixels, in this process)."""
 
-    stream: str | None
-    last_order: int | None
+    src: pa.Table  # the input table it came in
+    i: int  # its row there
+    img: np.ndarray  # read-only view of its pixels
+    valid: bool
+    event_id: str
+    pos: int  # position in the stream (segment): the tiling grid
+    t_ns: int
+
+
+class _Spread:
+    """The static window (``track_hold_s = 0``) over a stream: a frame gets its own and its
+    ``win`` neighbours' detections on each side, final once ``win`` later frames are scanned."""
+
+    def __init__(self, win: int) -> None:
+        self.win = win
+        self.past: list[list[BoxT]] = []  # detections of the last ``win`` frames popped
+        self.rows: list[list[BoxT]] = []  # detections of the frames not popped
+
+    def add(self, detected: list[BoxT]) -> None:
+        self.rows.append(detected)
+
+    def pop(self, end: bool = False) -> list[list[BoxT]]:
+        out = []
+        while self.rows and (end or len(self.rows) > self.win):
+            pool = [b for d in self.past + self.rows[: self.win + 1] for b in d]
+            out.append(_merge(pool))
+            done = self.rows.pop(0)
+            self.past = (self.past + [done])[-self.win:] if self.win else []
+        return out
+
+
+@dataclass
+class _Segment:
+    """What one stream (one frame shape of it) carries from a table to the next."""
+
+    stream: str | None  # event_id prefix
+    schema: pa.Schema  # of its tables (frame shape included)
     shape: tuple[int, int]
-    boxes: list[list[BoxT]] = field(default_factory=list)
+    resolver: Hindsight | _Spread
+    tracks: FaceTracks | None
+    last_order: int | None = None  # t_ns (else frame_index) of the last row of the last table
+    pos: int = 0  # rows of the segment received
+    waiting: _Row | None = None  # the newest row: scanned once the next one (or the end) is known
+    flags: list[tuple[bool, bool] | None] = field(default_factory=lambda: [None, None])  # (tiled, fine) of the last two scanned
+    rows: list[_Row] = field(default_factory=list)  # scanned, boxes not final yet, oldest first
 
 
 class FaceBlurOperator(TableOperator[FaceBlurConfig]):
@@ -268,19 +326,20 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
     columns with ``frame`` replaced by anonymised frames in a new buffer, ``face_boxes``
     (the boxes anonymised in that frame, padded, pixels, with detector scores) and
     ``deid``. A frame whose detection fails raises ComplianceError: it is never emitted raw.
+    Rows come out in stream order once their boxes are final (see "Look-ahead" above): call
+    ``flush()`` at the end of each stream for the rest (``keep`` holds nothing back).
     """
 
     kind = "face_blur"
-    version = "0.4.0"
+    version = "0.5.0"
     config_model = FaceBlurConfig
 
     def __init__(self, config: FaceBlurConfig | None = None) -> None:
         super().__init__(config)
         self._detector: Any = None
         self._secret: bytes = b""
-        self._carry: _Carry | None = None
-        self._tracks: FaceTracks | None = None
-        self._tracks_key: tuple | None = None
+        self._seg: _Segment | None = None
+        self._done: list[pa.Table] = []  # anonymised tables not returned yet, in stream order
 
     # -- lifecycle -----------------------------------------------------------------------
     def setup(self) -> None:
@@ -292,9 +351,27 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
         self._ready = True
 
     def reset(self) -> None:
-        """Forget the carried detections and the face tracks (call between unrelated streams)."""
-        self._carry = None
-        self._tracks = self._tracks_key = None
+        """Drop the held-back frames (withheld, never emitted) and the face tracks."""
+        self._seg = None
+        self._done.clear()
+
+    def flush(self) -> list[pa.Table]:
+        """End of stream: the held-back frames, anonymised (the last one scanned as the
+        stream's last frame), in stream order, one table per frame shape. The operator is then
+        ready for another stream."""
+        if self.config.face.action == "keep":
+            return []
+        self.ensure_setup()
+        try:
+            if self._seg is not None:
+                self._finish()
+        except BaseException:
+            self.reset()
+            raise
+        out = []
+        while self._done:
+            out.append(self._take_done())
+        return out
 
     @property
     def detector_name(self) -> str:
@@ -311,118 +388,159 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
         frames = frame_array(table)
         n = len(frames)
         pol = self.config.face
-        ids = event_ids(table)
-        if pol.action == "keep" or n == 0:
-            applied: list[list[BoxT]] = [[] for _ in range(n)]
-            return self._assemble(table, frames, applied, method=pol.action)
+        if pol.action == "keep":
+            return self._assemble(table, frames, [[] for _ in range(n)], method=pol.action)
+        if n:
+            try:
+                self._add(table, frames)
+            except BaseException:
+                self.reset()  # what was held is withheld, never emitted raw
+                raise
+        if self._done:
+            return self._take_done()
+        empty = table.slice(0, 0)
+        return self._assemble(empty, frame_array(empty), [], method=pol.action)
 
-        h, w = frames.type.shape[0], frames.type.shape[1]
+    def _add(self, table: pa.Table, frames: pa.ExtensionArray) -> None:
+        """Scan this table's rows (each once the next row is known), emit the final ones."""
+        stream, first, last = _stream_key(table)
+        shape = (int(frames.type.shape[0]), int(frames.type.shape[1]))
+        seg = self._seg
+        if seg is not None:
+            later = seg.last_order is None or first is None or first > seg.last_order
+            if seg.stream != stream or not later:  # another stream, not flushed: its rows must not go out here
+                dropped = len(seg.rows) + (seg.waiting is not None) + sum(t.num_rows for t in self._done)
+                if dropped:
+                    log.warning("face_blur: %d held frame(s) of %s dropped (withheld): the stream was not flushed",
+                                dropped, seg.stream)
+                self.reset()
+            elif not seg.schema.equals(table.schema, check_metadata=False):
+                self._finish()  # a new frame shape: the held frames end their segment
+        if self._seg is None:
+            self._seg = self._new_segment(stream, table.schema, shape)
+        seg = self._seg
+        seg.last_order = last if last is not None else seg.last_order
         imgs, valid = tensor_view(frames)
-        tiled = _tiled_rows(table, n, pol.tile_every)
-        fine = _fine_rows(tiled)
-        if pol.track_hold_s > 0:
-            applied = self._detect_tracked(table, imgs, valid, tiled, fine, (h, w))
-        else:
-            detected = [self._detect(table, imgs[i], i, tiled[i], fine[i]) if valid[i] else [] for i in range(n)]
-            applied = self._spread(table, detected, (h, w))
-        out = imgs.copy()  # new buffer: the input's (read-only) buffer is never written
-        for i in range(n):
-            for b in applied[i]:
-                if pol.action == "mask":
-                    mask_region(out[i], b)
-                else:
-                    anonymise_region(out[i], b, self._secret, ids[i], pol.blur_sigma_ratio)
-        return self._assemble(table, frames_like(frames, out, valid), applied, method=pol.action)
+        ids = event_ids(table)
+        times = _frame_times(table, seg.pos)
+        for i in range(len(frames)):
+            if seg.waiting is not None and times[i] <= seg.waiting.t_ns:  # time went back: tracks start over
+                self._finish()
+                seg = self._seg = self._new_segment(stream, table.schema, shape)
+                seg.last_order = last
+            row = _Row(table, i, imgs[i], bool(valid[i]), ids[i], seg.pos, times[i])
+            if seg.waiting is not None:
+                self._scan(seg, seg.waiting, row.t_ns)
+            seg.waiting = row
+            seg.pos += 1
+        self._emit(seg, seg.resolver.pop())
 
-    def _spread(self, table: pa.Table, detected: list[list[BoxT]], shape: tuple[int, int]) -> list[list[BoxT]]:
-        """Boxes to anonymise per frame: own detections, neighbours' within the window, carry."""
-        n, win = len(detected), self.config.face.temporal_window
-        pools: list[list[BoxT]] = [list(d) for d in detected]
-        for i, boxes in enumerate(detected):
-            if not boxes:
-                continue
-            for j in range(max(0, i - win), min(n, i + win + 1)):
-                if j != i:
-                    pools[j].extend(boxes)
-        stream, first_order, last_order = _stream_key(table)
-        carry = self._carry
-        carry_ok = (
-            carry is not None
-            and carry.stream == stream
-            and carry.shape == shape
-            and (carry.last_order is None or first_order is None or first_order > carry.last_order)
-        )
-        if carry_ok:
-            m = len(carry.boxes)
-            for k, boxes in enumerate(carry.boxes):  # carried frame k sits at relative index k - m
-                for j in range(0, min(n, win - (m - k) + 1)):
-                    pools[j].extend(boxes)
-        if win > 0:
-            tail = detected[-win:]
-            if len(tail) < win and carry_ok:
-                tail = (carry.boxes + tail)[-win:]
-            self._carry = _Carry(stream=stream, last_order=last_order, shape=shape, boxes=[list(b) for b in tail])
-        else:
-            self._carry = None
-        return [_merge(p) for p in pools]
-
-    def _detect(self, table: pa.Table, img: np.ndarray, i: int, tiled: bool, fine: bool,
-                near: list[BoxT] | None = None) -> list[BoxT]:
-        """Padded detections in frame ``i``; with ``near``, only the second look around those boxes."""
+    def _new_segment(self, stream: str | None, schema: pa.Schema, shape: tuple[int, int]) -> _Segment:
         pol = self.config.face
+        h, w = shape
+        if pol.track_hold_s > 0:
+            return _Segment(stream, schema, shape, Hindsight(w, h, pol.temporal_window, pol.track_hold_s),
+                            FaceTracks(w, h, pol.track_hold_s))
+        return _Segment(stream, schema, shape, _Spread(pol.temporal_window), None)
+
+    def _finish(self) -> None:
+        """End of a stream or a segment: scan the waiting row as the last one, emit every row."""
+        seg = self._seg
+        if seg.waiting is not None:
+            self._scan(seg, seg.waiting, None)
+            seg.waiting = None
+        self._emit(seg, seg.resolver.pop(end=True))
+        self._seg = None
+
+    def _scan(self, seg: _Segment, row: _Row, next_t: int | None) -> None:
+        """Detect (and track) the faces of ``row``; ``next_t``: the next row's time (None: last row)."""
+        pol = self.config.face
+        prev = seg.rows[-1].t_ns if seg.rows else None
+        tiled = _tiled(row.pos, pol.tile_every, prev, row.t_ns, next_t)
+        fine = _fine(tiled, seg.flags, last=next_t is None)
+        seg.flags = [seg.flags[1], (tiled, fine)]
+        seg.rows.append(row)
+        if seg.tracks is None:
+            seg.resolver.add(self._detect(row, tiled, fine) if row.valid else [])
+            return
+        tracks, t = seg.tracks, row.t_ns
+        seen: list = []
+        if row.valid:
+            second = hasattr(self._detector, "detect_near")
+            boxes = self._detect(row, tiled, fine)
+            missed = tracks.missed(t, boxes) if second and tiled else []
+            if missed:  # a tracked face a full scan lost: look again, closer (between scans, tracks interpolate)
+                boxes = _dedupe(boxes + self._detect(row, tiled, fine, near=missed))
+            if second:  # a weak detection that starts no track must be seen again up close (hands, textures)
+                boxes = [b if b[4] >= CONFIRM_SCORE or tracks.continues(t, b) else self._verified(row, b)
+                         for b in boxes]
+                boxes = [b for b in boxes if b is not None]
+            seen = tracks.update(t, boxes, confident=tiled)
+        seg.resolver.add(t, seen, tracks.live())
+
+    def _emit(self, seg: _Segment, applied: list[list[BoxT]]) -> None:
+        """Anonymise the oldest ``len(applied)`` scanned rows (final boxes) into a new frame
+        buffer; queue the output table."""
+        if not applied:
+            return
+        rows, seg.rows = seg.rows[: len(applied)], seg.rows[len(applied):]
+        pol = self.config.face
+        pieces, lo = [], 0
+        for k in range(1, len(rows) + 1):  # consecutive rows of one input table: one zero-copy slice
+            if k == len(rows) or rows[k].src is not rows[lo].src or rows[k].i != rows[k - 1].i + 1:
+                pieces.append(rows[lo].src.slice(rows[lo].i, k - lo))
+                lo = k
+        table = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
+        applied = [_dedupe(b) if r.valid else [] for r, b in zip(rows, applied)]
+        out = np.stack([r.img for r in rows])  # new buffer: the input's (read-only) buffer is never written
+        for k, r in enumerate(rows):
+            for b in applied[k]:
+                if pol.action == "mask":
+                    mask_region(out[k], b)
+                else:
+                    anonymise_region(out[k], b, self._secret, r.event_id, pol.blur_sigma_ratio)
+        valid = np.array([r.valid for r in rows])
+        like = table.column(FRAME).chunk(0)  # the tensor type (no copy of the raw pixels)
+        self._done.append(self._assemble(table, frames_like(like, out, valid), applied, method=pol.action))
+
+    def _take_done(self) -> pa.Table:
+        """The oldest queued output, joined with the queued ones of the same schema after it."""
+        first = self._done.pop(0)
+        run = [first]
+        while self._done and self._done[0].schema.equals(first.schema, check_metadata=False):
+            run.append(self._done.pop(0))
+        return run[0] if len(run) == 1 else pa.concat_tables(run)
+
+    def _detect(self, row: _Row, tiled: bool, fine: bool, near: list[BoxT] | None = None) -> list[BoxT]:
+        """Padded detections in ``row``; with ``near``, only the second look around those boxes."""
+        pol = self.config.face
+        img = row.img
         try:
             if near is None:
                 raw = self._detector.detect(img, tiled=tiled, fine=fine)
             else:
                 raw = self._detector.detect_near(img, near)
         except Exception:
-            raise self._detection_failed(table, i) from None
+            raise self._detection_failed(row) from None
         return _dedupe(_pad_clip(raw, pol.pad_ratio, img.shape[1], img.shape[0], pol.min_score))
 
-    def _detection_failed(self, table: pa.Table, i: int) -> ComplianceError:
+    def _detection_failed(self, row: _Row) -> ComplianceError:
         return ComplianceError(
-            f"face detection failed on event {event_ids(table)[i]}; the frame is withheld, not written raw",
-            source_uri=first_str(table, "source_uri"),
+            f"face detection failed on event {row.event_id}; the frame and those held back before it are "
+            "withheld, not written raw",
+            source_uri=first_str(row.src, "source_uri"),
             stage=self.kind,
         )
 
-    def _verified(self, table: pa.Table, img: np.ndarray, i: int, box: BoxT) -> BoxT | None:
+    def _verified(self, row: _Row, box: BoxT) -> BoxT | None:
         """``box`` if both models, on an upscaled crop around it, find a face there scoring at
         least ``VERIFY_SCORE`` (then with that score), else None."""
         try:
-            found = self._detector.detect_near(img, [box], both=True)
+            found = self._detector.detect_near(row.img, [box], both=True)
         except Exception:
-            raise self._detection_failed(table, i) from None
+            raise self._detection_failed(row) from None
         best = max((f[4] for f in found if overlap(f, box) > 0.3), default=0.0)
         return box[:4] + (best,) if best >= VERIFY_SCORE else None
-
-    def _detect_tracked(self, table: pa.Table, imgs: np.ndarray, valid: np.ndarray, tiled: list[bool],
-                        fine: list[bool], shape: tuple[int, int]) -> list[list[BoxT]]:
-        """Boxes per frame from detections and face tracks (``face_tracks``): each face gets one
-        box that follows it through missed detections, within and across tables of a stream."""
-        h, w = shape
-        key = (_stream_key(table)[0], shape)
-        if self._tracks is None or self._tracks_key != key:
-            self._tracks, self._tracks_key = FaceTracks(w, h, self.config.face.track_hold_s), key
-        self._carry = None
-        times = _frame_times(table)
-        second = hasattr(self._detector, "detect_near")
-        seen = []
-        for i in range(len(imgs)):
-            if not valid[i]:
-                seen.append([])
-                continue
-            boxes = self._detect(table, imgs[i], i, tiled[i], fine[i])
-            missed = self._tracks.missed(times[i], boxes) if second and tiled[i] else []
-            if missed:  # a tracked face a full scan lost: look again, closer (between scans, tracks interpolate)
-                boxes = _dedupe(boxes + self._detect(table, imgs[i], i, tiled[i], fine[i], near=missed))
-            if second:  # a weak detection that starts no track must be seen again up close (hands, textures)
-                boxes = [b if b[4] >= CONFIRM_SCORE or self._tracks.continues(times[i], b)
-                         else self._verified(table, imgs[i], i, b) for b in boxes]
-                boxes = [b for b in boxes if b is not None]
-            seen.append(self._tracks.update(times[i], boxes, confident=tiled[i]))
-        pol = self.config.face
-        return [_dedupe(b) for b in interpolate(seen, times, w, h, pol.temporal_window, pol.track_hold_s)]
 
     def _assemble(self, table: pa.Table, frames: pa.Array, applied: list[list[BoxT]], method: str) -> pa.Table:
         header = {"policy": self.config.policy_tag, "method": method, "detector": self.detector_name,
@@ -445,7 +563,7 @@ def frames_like(frames: pa.ExtensionArray, pixels: np.ndarray, valid: np.ndarray
     storage = pa.FixedSizeListArray.from_arrays(
         pa.array(pixels.reshape(-1), type=pa.uint8()),
         int(np.prod(pixels.shape[1:])),
-        mask=None if frames.null_count == 0 else pa.array(~valid),
+        mask=None if bool(np.all(valid)) else pa.array(~np.asarray(valid, bool)),
     )
     return pa.ExtensionArray.from_storage(frames.type, storage)
 
@@ -516,36 +634,26 @@ def first_str(table: pa.Table, name: str) -> str | None:
     return None
 
 
-def _fine_rows(tiled: list[bool]) -> list[bool]:
-    """Rows that also get the second model's finer grid: every other tiled row of a run of
-    tiled rows two apart (a dense stream), every tiled row otherwise, and the last row."""
-    out = []
-    for i, t in enumerate(tiled):
-        dense = i >= 2 and tiled[i - 2] and not tiled[i - 1]
-        out.append(t and (i == len(tiled) - 1 or not dense or not out[i - 2]))
-    return out
+def _tiled(pos: int, every: int, prev_t: int | None, t: int, next_t: int | None) -> bool:
+    """Does the frame at stream position ``pos`` get the tiled pass (``FacePolicy.tile_every``)?
 
-
-def _tiled_rows(table: pa.Table, n: int, every: int) -> list[bool]:
-    """Rows that get the tiled detection pass (see ``FacePolicy.tile_every``).
-
-    With ``every == 2`` an odd row is skipped only when both neighbours are in this table
-    and within ``DENSE_GAP_NS`` of it, so the window spreads their small-face boxes onto it;
-    sparse (sampled) frames and the last row of a table are always tiled. Depends on the
-    table alone: re-processing a table gives the same output.
+    With ``every == 2`` a frame at an odd position is skipped only when both neighbours in the
+    stream are within ``DENSE_GAP_NS`` of it, so the tracks cover it from them; sparse
+    (sampled) frames and the stream's last frame (``next_t`` None) are always tiled. Depends
+    on the stream alone, not on where its tables begin and end.
     """
-    if every <= 1 or n == 0:
-        return [True] * n
-    t = table.column("t_ns").to_numpy() if "t_ns" in table.column_names else None
-    out = []
-    for i in range(n):
-        if i % every == 0 or i == n - 1:
-            out.append(True)
-        elif t is None:
-            out.append(False)
-        else:
-            out.append(int(t[i]) - int(t[i - 1]) > DENSE_GAP_NS or int(t[i + 1]) - int(t[i]) > DENSE_GAP_NS)
-    return out
+    if every <= 1 or pos % every == 0 or next_t is None or prev_t is None:
+        return True
+    return t - prev_t > DENSE_GAP_NS or next_t - t > DENSE_GAP_NS
+
+
+def _fine(tiled: bool, flags: list[tuple[bool, bool] | None], last: bool) -> bool:
+    """Does a tiled frame also get the second model's finer grid? Every other tiled frame of a
+    run of tiled frames two apart (a dense stream), every tiled frame otherwise, and the
+    stream's last frame; ``flags``: (tiled, fine) of the two frames before it."""
+    two, one = flags
+    dense = two is not None and one is not None and two[0] and not one[0]
+    return tiled and (last or not dense or not two[1])
 
 
 def _stream_key(table: pa.Table) -> tuple[str | None, int | None, int | None]:
@@ -563,12 +671,13 @@ def _stream_key(table: pa.Table) -> tuple[str | None, int | None, int | None]:
     return stream, None, None
 
 
-def _frame_times(table: pa.Table, frame_ns: int = 40_000_000) -> list[int]:
-    """Time of each row: ``t_ns``, else ``frame_index`` (or the row) at 25 fps."""
+def _frame_times(table: pa.Table, start: int = 0, frame_ns: int = 40_000_000) -> list[int]:
+    """Time of each row: ``t_ns``, else ``frame_index`` (or the stream position, the first
+    row's being ``start``) at 25 fps."""
     for name, scale in (("t_ns", 1), ("frame_index", frame_ns)):
         if name in table.column_names and table.column(name).null_count == 0:
             return [int(v) * scale for v in table.column(name).to_pylist()]
-    return [i * frame_ns for i in range(table.num_rows)]
+    return [(start + i) * frame_ns for i in range(table.num_rows)]
 
 
 def _pad_clip(raw: list[tuple[float, float, float, float, float]], pad: float, w: int, h: int, min_score: float) -> list[BoxT]:

@@ -143,7 +143,7 @@ def eval_faces(n: int = 80, seed: int = 0, policy: DeidPolicy | None = None) -> 
         table = pa.table({"event_id": [f"eval/face/{i}"], "t_ns": pa.array([0], pa.int64()),
                           "frame": pa.FixedShapeTensorArray.from_numpy_ndarray(np.stack([s.image]))})
         t0 = time.perf_counter()
-        out = op.process(table)
+        out = _all_rows(op, [table])
         t_anon += time.perf_counter() - t0
         anon = out.column("frame").chunk(0).to_numpy_ndarray()[0]
         covered = _hits([(b["x0"], b["y0"], b["x1"], b["y1"]) for b in out.column("face_boxes")[0].as_py()], s.box)
@@ -372,6 +372,15 @@ def detected_truth(name: str, frames: list[np.ndarray], fps: float, checks: "_Fa
     return FaceClip(name, frames, faces, fps, "detected")
 
 
+def _all_rows(op, tables: list):
+    """Every row ``op`` gives for ``tables`` as one stream: each ``process``, then ``flush``
+    (the face operator holds rows back for look-ahead), in order."""
+    import pyarrow as pa
+
+    outs = [op.process(t) for t in tables] + op.flush()
+    return pa.concat_tables([o for o in outs if o.num_rows] or outs[:1])
+
+
 def eval_clip(clip: FaceClip, checks: "_FaceChecks", op, stride: int = 1, chunk: int = 16) -> dict:
     """Anonymise ``clip`` with ``op`` (tables of ``chunk`` frames of one stream, or one still
     each) and check every ``stride``-th frame: is each face region covered, does Haar or dlib
@@ -388,17 +397,18 @@ def eval_clip(clip: FaceClip, checks: "_FaceChecks", op, stride: int = 1, chunk:
     op.reset()
     t_anon = 0.0
     step = chunk if clip.streams else 1
+    tables = []
     for s in range(0, n, step):
         part = clip.frames[s:s + step]
-        if not clip.streams:
-            op.reset()
-        table = pa.table({"event_id": [f"eval/{clip.name}/video/{s + i}" for i in range(len(part))],
-                          "t_ns": pa.array([(s + i) * frame_ns for i in range(len(part))], pa.int64()),
-                          "frame": pa.FixedShapeTensorArray.from_numpy_ndarray(np.stack(part))})
-        t0 = time.perf_counter()
-        out = op.process(table)
-        t_anon += time.perf_counter() - t0
-        outs += list(out.column("frame").chunk(0).to_numpy_ndarray())
+        tables.append(pa.table({"event_id": [f"eval/{clip.name}/video/{s + i}" for i in range(len(part))],
+                                "t_ns": pa.array([(s + i) * frame_ns for i in range(len(part))], pa.int64()),
+                                "frame": pa.FixedShapeTensorArray.from_numpy_ndarray(np.stack(part))}))
+    t0 = time.perf_counter()
+    # one stream of tables; stills: each its own stream (no tracking from one to the next)
+    anonymised = [_all_rows(op, tables)] if clip.streams else [_all_rows(op, [t]) for t in tables]
+    t_anon += time.perf_counter() - t0
+    for out in anonymised:
+        outs += list(out.column("frame").combine_chunks().to_numpy_ndarray())
         boxes += [[(b["x0"], b["y0"], b["x1"], b["y1"]) for b in bs] for bs in out.column("face_boxes").to_pylist()]
     checked = [i for i in range(n) if i % stride == 0]
     r = {"dataset": clip.name, "truth": clip.truth, "frames": n, "checked_frames": len(checked),

@@ -59,6 +59,13 @@ def frames_table(frames: list[np.ndarray], start: int = 0, stream: str = "s1/cam
     )
 
 
+def run(op: FaceBlurOperator, *tables: pa.Table) -> pa.Table:
+    """All rows the operator gives for ``tables`` as one stream: each table's ``process``,
+    then ``flush`` (rows wait there for look-ahead), in order."""
+    outs = [op.process(t) for t in tables] + op.flush()
+    return pa.concat_tables([o for o in outs if o.num_rows] or outs[:1])
+
+
 def out_frames(table: pa.Table) -> np.ndarray:
     return table.column("frame").combine_chunks().to_numpy_ndarray()
 
@@ -71,7 +78,7 @@ def box_mask(b: dict) -> np.ndarray:
 
 def test_face_detected_blurred_inside_identical_outside(op, canvas):
     op.reset()
-    out = op.process(frames_table([canvas]))
+    out = run(op, frames_table([canvas]))
     boxes = out.column("face_boxes")[0].as_py()
     assert len(boxes) == 1
     b = boxes[0]
@@ -99,7 +106,7 @@ def test_input_buffer_never_written(op, canvas):
     op.reset()
     table = frames_table([canvas, canvas])
     before = out_frames(table).copy()
-    out = op.process(table)
+    out = run(op, table)
     view_in = out_frames(table)
     assert np.array_equal(view_in, before)
     assert not np.shares_memory(view_in, out_frames(out))
@@ -108,14 +115,14 @@ def test_input_buffer_never_written(op, canvas):
 def test_output_deterministic_for_a_secret_and_keyed(op, canvas):
     op.reset()
     t = frames_table([canvas])
-    a = out_frames(op.process(t))[0]
+    a = out_frames(run(op, t))[0]
     op.reset()
-    b = out_frames(op.process(t))[0]
+    b = out_frames(run(op, t))[0]
     assert np.array_equal(a, b)
     other = FaceBlurOperator(FaceBlurConfig(secret=b"x" * 32))
     other._detector = op._detector  # share the loaded model
     other.setup()
-    c = out_frames(other.process(t))[0]
+    c = out_frames(run(other, t))[0]
     assert not np.array_equal(a, c)  # a different key permutes differently
     assert np.array_equal(np.sort(a.reshape(-1, 3), axis=0), np.sort(c.reshape(-1, 3), axis=0))
 
@@ -123,7 +130,7 @@ def test_output_deterministic_for_a_secret_and_keyed(op, canvas):
 def test_missed_detection_inside_window_still_covered(op, canvas, blacked):
     assert op._detector.detect(blacked) == []  # precondition: nothing found on this frame
     op.reset()
-    out = op.process(frames_table([canvas, canvas, blacked, canvas, canvas]))
+    out = run(op, frames_table([canvas, canvas, blacked, canvas, canvas]))
     counts = [h["count"] for h in out.column("deid").to_pylist()]
     assert counts == [1, 1, 1, 1, 1]
     b = out.column("face_boxes")[2].as_py()[0]
@@ -138,7 +145,7 @@ def test_window_zero_without_tracking_does_not_spread(op, canvas, blacked):
                                                                        track_hold_s=0)))
     o._detector = op._detector
     o.setup()
-    out = o.process(frames_table([canvas, blacked, canvas]))
+    out = run(o, frames_table([canvas, blacked, canvas]))
     assert [h["count"] for h in out.column("deid").to_pylist()] == [1, 0, 1]
     assert np.array_equal(out_frames(out)[1], blacked)
 
@@ -147,24 +154,41 @@ def test_boxes_carry_into_next_call(op, canvas, blacked):
     op = FaceBlurOperator(FaceBlurConfig(secret=SECRET, face=FacePolicy(track_hold_s=0)))  # the window alone
     op.setup()
     op.reset()
-    op.process(frames_table([canvas, canvas], start=0))
-    nxt = op.process(frames_table([blacked, blacked, blacked], start=2))
+    first = op.process(frames_table([canvas, canvas], start=0))
+    assert first.num_rows == 0  # both wait: the window (2 frames) looks ahead into the next table
+    out = run(op, frames_table([blacked, blacked, blacked], start=2))
+    assert out.column("event_id").to_pylist() == [f"s1/cam/video/{i}" for i in range(5)]
     # the last face was frame 1: it covers frames 2 and 3 (window 2), not 4
-    assert [h["count"] for h in nxt.column("deid").to_pylist()] == [1, 1, 0]
+    assert [h["count"] for h in out.column("deid").to_pylist()] == [1, 1, 1, 1, 0]
+    # and a face in the next table covers the last frames of this one (window 2), not earlier ones
+    op.process(frames_table([blacked] * 3, start=0))
+    out = run(op, frames_table([canvas], start=3))
+    assert [h["count"] for h in out.column("deid").to_pylist()] == [0, 1, 1, 1]
     # another stream, or a reset, gets no carry
-    op.process(frames_table([canvas, canvas], start=0))
-    other = op.process(frames_table([blacked], start=2, stream="s1/other"))
+    run(op, frames_table([canvas, canvas], start=0))
+    other = run(op, frames_table([blacked], start=2, stream="s1/other"))
     assert other.column("deid")[0].as_py()["count"] == 0
     op.process(frames_table([canvas, canvas], start=0))
     op.reset()
-    again = op.process(frames_table([blacked], start=2))
+    again = run(op, frames_table([blacked], start=2))
     assert again.column("deid")[0].as_py()["count"] == 0
     # re-processing an earlier table does not pick up the carry (deterministic output)
     op.reset()
     t = frames_table([blacked], start=0)
-    first = op.process(t)
-    op.process(frames_table([canvas], start=0))
-    assert op.process(t).equals(first)
+    first = run(op, t)
+    run(op, frames_table([canvas], start=0))
+    assert run(op, t).equals(first)
+
+
+def test_an_unflushed_stream_is_withheld_not_emitted_elsewhere(op, canvas, caplog):
+    import logging
+
+    op.reset()
+    assert op.process(frames_table([canvas] * 3)).num_rows == 0  # held: their look-ahead is not complete
+    with caplog.at_level(logging.WARNING, logger="modalign.operators.deid.faces"):
+        out = run(op, frames_table([canvas] * 2, stream="s2/cam"))
+    assert out.column("event_id").to_pylist() == ["s2/cam/video/0", "s2/cam/video/1"]
+    assert "3 held frame(s)" in caplog.text
 
 
 def test_keep_action_passes_frames_through(canvas):
@@ -188,7 +212,7 @@ def test_detection_failure_withholds_frame(op, canvas):
     o = FaceBlurOperator(FaceBlurConfig(secret=SECRET))
     o._detector = Broken()  # setup() keeps an injected detector
     with pytest.raises(ComplianceError) as exc:
-        o.process(frames_table([canvas], start=7))
+        run(o, frames_table([canvas], start=7))
     assert "s1/cam/video/7" in str(exc.value)
     assert exc.value.code == "deid_failed"
 
@@ -240,7 +264,7 @@ def test_small_faces_in_720p_found_with_tiles(op):
 
     def covered(o, s) -> bool:
         o.reset()
-        out = o.process(frames_table([s.image]))
+        out = run(o, frames_table([s.image]))
         fx0, fy0, fx1, fy1 = s.box
         boxes = out.column("face_boxes")[0].as_py()
         hit = any(b["x0"] <= fx0 and b["y0"] <= fy0 and b["x1"] >= fx1 and b["y1"] >= fy1 for b in boxes)
@@ -278,14 +302,19 @@ def test_tiled_pass_every_other_frame_only_in_dense_streams(canvas):
 
     o = FaceBlurOperator(FaceBlurConfig(secret=SECRET))
     o._detector = Counting()
-    o.process(frames_table([canvas] * 5))  # 40 ms apart
-    o.process(frames_table([canvas] * 7))
-    # the last row is always tiled and fine; the second model's finer grid every other tiled row
+    run(o, frames_table([canvas] * 5))  # 40 ms apart
+    run(o, frames_table([canvas] * 7))
+    # the stream's last row is always tiled and fine; the second model's finer grid every other tiled row
     assert o._detector.calls[:5] == [(True, "fine"), False, True, False, (True, "fine")]
     assert o._detector.calls[5:] == [(True, "fine"), False, True, False, (True, "fine"), False, (True, "fine")]
+    # by position in the stream, not in the table: 12 frames in tables of 5 and 7 are one stream of 12
+    o._detector.calls.clear()
+    run(o, frames_table([canvas] * 5), frames_table([canvas] * 7, start=5))
+    assert o._detector.calls == [(True, "fine"), False, True, False, (True, "fine"), False, True, False,
+                                 (True, "fine"), False, True, (True, "fine")]
     o._detector.calls.clear()
     sparse = frames_table([canvas] * 3).set_column(1, "t_ns", pa.array([0, 1_000_000_000, 2_000_000_000], pa.int64()))
-    o.process(sparse)  # 1 s apart (sampled frames): the window cannot bridge, every frame is tiled
+    run(o, sparse)  # 1 s apart (sampled frames): the tracks cannot bridge, every frame is tiled
     assert o._detector.calls == [(True, "fine")] * 3
 
 
@@ -293,7 +322,7 @@ def test_mask_action_fills_the_box_with_one_colour(op, canvas):
     o = FaceBlurOperator(FaceBlurConfig(secret=SECRET, face=FacePolicy(action="mask")))
     o._detector = op._detector
     o.setup()
-    out = o.process(frames_table([canvas]))
+    out = run(o, frames_table([canvas]))
     b = out.column("face_boxes")[0].as_py()[0]
     got = out_frames(out)[0]
     region = got[b["y0"]:b["y1"], b["x0"]:b["x1"]].reshape(-1, 3)
@@ -316,12 +345,12 @@ def test_face_the_first_detector_misses_is_caught_by_the_second_pass():
     assert _MediapipeDetector(1, 0.5, 2, second=False).detect(img) == []  # the first pass alone misses it
     o = FaceBlurOperator(FaceBlurConfig(secret=SECRET))
     o.setup()
-    out = o.process(frames_table([img]))
+    out = run(o, frames_table([img]))
     (b,) = out.column("face_boxes")[0].as_py()
     assert b["x0"] <= 580 and b["y0"] <= 300 and b["x1"] >= 700 and b["y1"] >= 420  # the face's centre 120 px
     got = out_frames(out)[0]
     assert np.abs(got[300:420, 580:700].astype(np.int16) - img[300:420, 580:700]).mean() > 20
-    assert o.process(frames_table([img])).equals(out)  # deterministic
+    assert run(o, frames_table([img])).equals(out)  # deterministic
 
 
 def test_second_look_near_a_lost_track_refinds_the_face(op, canvas):
