@@ -473,7 +473,9 @@ _NINO = re.compile(
     r"(?<![\w])(?!BG|GB|KN|NK|NT|TN|ZZ)[A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z][ ]?\d{2}[ ]?\d{2}[ ]?\d{2}[ ]?[A-D](?![\w])"
 )
 
-_NINO_SHAPE = re.compile(r"(?<![\w])[A-Z]{2}[ ]?\d{2}[ ]?\d{2}[ ]?\d{2}[ ]?[A-D](?![\w])")
+_NINO_SHAPE = re.compile(r"(?<![\w])[A-Z]{2}[ ]?\d{2}[ ]?\d{2}[ ]?\d{2}[ ]?[A-Z](?![\w])")
+# US ITIN (an individual taxpayer id in the SSN's shape): 9 first, group 50-65, 70-88, 90-92, 94-99
+_ITIN = re.compile(r"(?<![\w-])9\d{2}([- ])(?:5\d|6[0-5]|7\d|8[0-8]|9[0-24-9])\1\d{4}(?![\w]|-\d)")
 
 
 def _find_national_ids(text: str) -> Iterable[PiiSpan]:
@@ -485,7 +487,9 @@ def _find_national_ids(text: str) -> Iterable[PiiSpan]:
             yield PiiSpan(m.start(), m.end(), "national_id", SCORES["national_id"])
     for m in _NINO.finditer(text):
         yield PiiSpan(m.start(), m.end(), "national_id", SCORES["national_id"])
-    for m in _NINO_SHAPE.finditer(text):  # unallocated prefixes (ZZ, TN: placeholders) when labelled as an id
+    for m in _ITIN.finditer(text):
+        yield PiiSpan(m.start(), m.end(), "national_id", SCORES["national_id"])
+    for m in _NINO_SHAPE.finditer(text):  # unallocated prefixes or suffixes (ZZ, TN: placeholders) labelled as an id
         if not _NINO.fullmatch(m.group(0)) and _ID_CUE.search(text, max(0, m.start() - 40), m.start()):
             yield PiiSpan(m.start(), m.end(), "national_id", SCORES["national_id"])
     for m in _CODICE_FISCALE.finditer(text):
@@ -506,7 +510,8 @@ def _find_national_ids(text: str) -> Iterable[PiiSpan]:
 # (11); Netherlands BSN (9); France NIR (15); China resident id (18, last may be X); Spain
 # DNI / NIE (8 digits and a letter, X/Y/Z first for the NIE); Italy codice fiscale (16).
 _ID_NUMBER = re.compile(
-    r"(?<![\w.-])(?:\d{3}\.\d{3}\.\d{3}-\d{2}|[XYZ]?\d{7,8}[ -]?[A-Z]|\d{17}[\dX]|\d(?:[ ]?\d){8,14})(?![\w-])"
+    r"(?<![\w.-])(?:\d{3}\.\d{3}\.\d{3}-\d{2}|[XYZ]?\d{7,8}[ -]?[A-Z]|\d{17}[\dX]|\d(?:[ ]?\d){8,14}"
+    r"|[12378](?:[ ]?\d){4}[ ]?2[AB](?:[ ]?\d){8})(?![\w-])"  # NIR of Corsica: department 2A / 2B
 )
 _ID_CUE = re.compile(
     r"(?i)\b(?:id|ids|identity|identification|national|personal|personnummer|f[øo]dselsnummer|pesel|cpf|bsn|nif|dni|"
@@ -547,7 +552,9 @@ def _bsn(d: str) -> bool:
 
 
 def _nir(d: str) -> bool:
-    return d[0] in "12378" and 97 - int(d[:13]) % 97 == int(d[13:])
+    # Corsica's departments 2A / 2B count as 19 / 18 in the key (INSEE)
+    body = d[:5] + {"2A": "19", "2B": "18"}.get(d[5:7], d[5:7]) + d[7:13]
+    return d[0] in "12378" and body.isdigit() and d[13:].isdigit() and 97 - int(body) % 97 == int(d[13:])
 
 
 def _cn_resident(d: str) -> bool:
@@ -570,7 +577,7 @@ def _digits_only(check):
 
 
 _ID_CHECKS = {11: tuple(map(_digits_only, (_no_fnr, _pesel, _tc_kimlik, _cpf))), 9: (_digits_only(_bsn), _dni),
-              15: (_digits_only(_nir),), 18: (_cn_resident,)}
+              15: (_nir,), 18: (_cn_resident,)}
 _CODICE_FISCALE = re.compile(r"(?<![\w])[A-Z]{6}\d{2}[A-EHLMPRST]\d{2}[A-Z]\d{3}[A-Z](?![\w])")
 _CF_ODD = dict(zip("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ",
                    (1, 0, 5, 7, 9, 13, 15, 17, 19, 21, 1, 0, 5, 7, 9, 13, 15, 17, 19, 21, 2, 4, 18, 20, 11, 3, 6, 8, 12,

@@ -274,6 +274,9 @@ def test_name_in_multiline_block_found_and_title_heading_kept():
         ("SSN: 536227812", "536227812", "national_id"),
         ("NI number AB 12 34 56 C", "AB 12 34 56 C", "national_id"),
         ("NINO JG103759A", "JG103759A", "national_id"),
+        ("Tax id 913-90-9960 is on file.", "913-90-9960", "national_id"),  # a US ITIN
+        ("N° sécurité sociale 178072A00465001", "178072A00465001", "national_id"),  # a NIR born in Corsica
+        ("ID number: ZZ 55 93 53 T", "ZZ 55 93 53 T", "national_id"),  # a placeholder NINO, labelled as an id
     ],
 )
 def test_address_dob_and_national_id_found(text, value, kind):
