@@ -56,14 +56,15 @@ def _nam_dict() -> Path:
 
 @lru_cache(maxsize=1)
 def common_words() -> frozenset[str]:
-    """Lowercase entries of the system word list (``fold``-ed)."""
+    """Lowercase entries of the system word list (casefolded, NFC)."""
     path = Path(os.environ.get(WORDLIST_ENV) or DEFAULT_WORDLIST)
     try:
         lines = path.read_text(encoding="utf-8", errors="replace").split()
     except OSError:
         raise DependencyMissingError(f"English word list {path} (Debian package wamerican, or set {WORDLIST_ENV})",
                                      apt="wamerican") from None
-    words = frozenset(fold(w) for w in lines if w[:1].islower() and "'" not in w)
+    # casefolded, accents kept: "Hövel" is no "hovel" (a text that lost its accents reads as the word)
+    words = frozenset(unicodedata.normalize("NFC", w).casefold() for w in lines if w[:1].islower() and "'" not in w)
     if len(words) < 1000:
         raise DependencyMissingError(f"English word list {path} has only {len(words)} lowercase words",
                                      apt="wamerican")
@@ -71,12 +72,9 @@ def common_words() -> frozenset[str]:
 
 
 @lru_cache(maxsize=1)
-def given_names() -> frozenset[str]:
-    """``fold``-ed given names of ``nam_dict.txt`` (each part of a compound such as ``Jing+Bin``)
-    that are not common English words, plus the curated ``recognisers.GIVEN_NAMES``."""
-    from modalign.operators.deid.recognisers import GIVEN_NAMES
-
-    common = common_words()
+def all_given_names() -> frozenset[str]:
+    """``fold``-ed given names of ``nam_dict.txt`` (each part of a compound such as ``Jing+Bin``),
+    common English words included (Amber, Mason, Will)."""
     names: set[str] = set()
     with _nam_dict().open(encoding="utf-8", errors="replace") as f:
         for line in f:
@@ -89,9 +87,18 @@ def given_names() -> frozenset[str]:
                 parts = field.replace("+", " ").replace("-", " ").split()
             for p in parts:
                 k = fold(p)
-                if len(k) >= 2 and k.isalpha() and k not in common:
+                if len(k) >= 2 and k.isalpha():
                     names.add(k)
-    return frozenset(names | {fold(n) for n in GIVEN_NAMES})
+    return frozenset(names)
+
+
+@lru_cache(maxsize=1)
+def given_names() -> frozenset[str]:
+    """``all_given_names`` that are not common English words, plus the curated ``recognisers.GIVEN_NAMES``."""
+    from modalign.operators.deid.recognisers import GIVEN_NAMES
+
+    common = {fold(w) for w in common_words()}
+    return frozenset({k for k in all_given_names() if k not in common} | {fold(n) for n in GIVEN_NAMES})
 
 
 def is_given_name(word: str) -> bool:
@@ -102,9 +109,14 @@ def is_given_name(word: str) -> bool:
     return key in names or ("-" in key and any(part in names for part in key.split("-") if part))
 
 
+def is_a_given_name_at_all(word: str) -> bool:
+    """Whether ``word`` is in the given-name list even if it is also a common word (Amber, Mason)."""
+    return fold(word.strip(".,;:'’")) in all_given_names()
+
+
 def is_common_word(word: str) -> bool:
     """Whether ``word`` is a common lowercase English word (``Document``, ``License``, ``Format``)."""
-    return fold(word.strip(".,;:'’")) in common_words()
+    return unicodedata.normalize("NFC", word.strip(".,;:'’")).casefold() in common_words()
 
 
 def lexicon_version() -> str:

@@ -54,7 +54,8 @@ from functools import lru_cache
 from typing import Any, Iterable, Mapping, NamedTuple
 
 from modalign.operators.deid.addresses import find_addresses
-from modalign.operators.deid.name_lexicon import is_common_word, is_given_name, lexicon_version
+from modalign.operators.deid.name_lexicon import (is_a_given_name_at_all, is_common_word, is_given_name,
+                                                  lexicon_version)
 
 
 RULES_VERSION = "regex@4"  # 2: phones by numbering plans; 3: name lexicons, no versions as IPs; 4: product terms
@@ -773,7 +774,15 @@ _HAN_FAMILY = (
 _HAN_NAME = re.compile(rf"(?<![\u3400-\u9fff])[{_HAN_FAMILY}][\u3400-\u9fff]{{1,2}}(?![\u3400-\u9fff])")
 
 
-_NEXT_NAME_WORD = re.compile(rf"(?:[ ](?:van|von|de|del|der|den|da|di|dos|du|la|le|y|bin|ibn|al)){{0,2}}[ ](?P<w>{_TITLE_WORD})(?![\w@.])")
+_NEXT_NAME_WORD = re.compile(rf"(?:[ ](?:van|von|de|del|der|den|da|di|dos|du|la|le|y|bin|ibn|al)){{0,2}}[ ](?P<w>{_TITLE_WORD})"
+                             r"(?![\w@]|\.\w)")  # a sentence's full stop may follow, not a domain's dot
+# "Amber van Leeuwen", "Vigo van Straaten", "Marie de la Fontaine": a surname particle between a
+# given name and a capitalised word that is no common word
+_PARTICLE_NAME = re.compile(
+    rf"(?<![\w@.])(?P<first>{_TITLE_WORD})(?P<particles>(?:[ ](?:van|von|vom|zu|zur|ter|ten|der|den|het|'t|de|del|"
+    rf"della|di|da|dos|das|du|des|la|le)){{1,3}})[ ](?P<last>{_TITLE_WORD})(?![\w@]|\.\w)"
+)
+_ROMANCE_PARTICLES = frozenset("de del della di da dos das du des la le".split())
 _PREV_NAME_WORD = re.compile(rf"(?<![\w@.])(?P<w>{_TITLE_WORD})[ ]$")
 
 
@@ -954,6 +963,18 @@ def _person_spans(repaired: str, index: list[int], doc: Any, original: str) -> l
                 and _context_name_ok(repaired, m.start("first"), m.end("last"))):
             score = SCORES["person_context"] if _SURNAME_END.search(last.casefold()) else SCORES["person_pair"]
             add(m.start("first"), m.end("last"), score)
+    for m in _PARTICLE_NAME.finditer(repaired):
+        first, last = m.group("first"), m.group("last")
+        particles = set(m.group("particles").split())
+        # "Banque de France", "Tour de France", "Gare de Lyon": after a Romance particle the first
+        # word must be a given name that is no common word; before "van"/"von" a given name of any
+        # kind ("Amber van Leeuwen") or a word that is no common word ("Vigo van Straaten", weaker)
+        given = is_given_name(first) if particles <= _ROMANCE_PARTICLES else is_a_given_name_at_all(first)
+        uncommon = not (particles <= _ROMANCE_PARTICLES) and not is_common_word(first)
+        if ((given or uncommon) and first.casefold() not in _COMMON_TITLE and not is_common_word(last)
+                and looks_like_name_shape([first, last]) and first.casefold() not in _PLACE_PREFIX
+                and same_line(m.start("first"), m.end("last")) and unrepaired(m.start("first"), m.end("last"))):
+            add(m.start("first"), m.end("last"), SCORES["person_context"] if given else SCORES["person_pair"])
     for m in _HAN_NAME.finditer(repaired):
         add(m.start(), m.end(), SCORES["person_context"])
     for m in _HONORIFIC.finditer(repaired):

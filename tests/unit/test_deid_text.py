@@ -497,6 +497,16 @@ def test_a_name_guess_whose_word_is_used_as_a_product_term_is_no_name(text):
     assert _found(text) == []
 
 
+def test_names_with_surname_particles_and_accented_surnames_that_fold_to_words():
+    cases = {"Please forward the minutes to Amber van Leeuwen.": "Amber van Leeuwen",  # "amber" is a word
+             "Vigo van Straaten joined the project team.": "Vigo van Straaten",
+             "Please forward the minutes to Christophe Rousset de la Chauvin.": "Christophe Rousset de la Chauvin",
+             "Contact person: Randolf Hövel": "Randolf Hövel"}  # "Hövel" is no "hovel"
+    for text, name in cases.items():
+        assert (name, "person") in _found(text), text
+    assert _found("The Banque de France and the Tour de France met at Gare de Lyon; Hotel van Gogh.") == []
+
+
 def test_people_stay_names_beside_term_like_phrases():
     """A surname after an article before a kin noun, or before a verb that is also a noun, is a person's."""
     assert ("John Smith", "person") in _found("The Smith family visited. John Smith said so.")
