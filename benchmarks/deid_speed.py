@@ -136,7 +136,8 @@ def ocr_like_blocks(n_pages: int = 6, seed: int = 7) -> list[list[str]]:
 def text_figures(repeat: int) -> list[tuple[str, float, float, str]]:
     import pyarrow as pa
 
-    from modalign.operators.deid.recognisers import detect_batch, load_nlp
+    from modalign.operators.deid.names import load_nlp
+    from modalign.operators.deid.recognisers import detect_batch
     from modalign.operators.deid.text import TextPiiConfig, TextPiiOperator
 
     load_nlp()

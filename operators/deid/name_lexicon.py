@@ -10,7 +10,7 @@ Formats", "Cover Texts"), which is judged with ``common_words``.
   Arabic countries ...), as shipped inside the ``gender-guesser`` wheel (read as a data
   file; its code is not imported). Names that are also common lowercase English words
   ("Will", "Grace", "Max", "Mark") are left out unless the curated list in
-  ``recognisers.GIVEN_NAMES`` has them, so "Max Depth" is not a person.
+  ``names.GIVEN_NAMES`` has them, so "Max Depth" is not a person.
 - Common words: the system word list (Debian ``wamerican``, ``/usr/share/dict/words``;
   another list via ``MODALIGN_WORDLIST``): its lowercase entries are the language's common
   words; capitalised entries (proper nouns) are not used.
@@ -94,8 +94,8 @@ def all_given_names() -> frozenset[str]:
 
 @lru_cache(maxsize=1)
 def given_names() -> frozenset[str]:
-    """``all_given_names`` that are not common English words, plus the curated ``recognisers.GIVEN_NAMES``."""
-    from modalign.operators.deid.recognisers import GIVEN_NAMES
+    """``all_given_names`` that are not common English words, plus the curated ``names.GIVEN_NAMES``."""
+    from modalign.operators.deid.names import GIVEN_NAMES
 
     common = {fold(w) for w in common_words()}
     return frozenset({k for k in all_given_names() if k not in common} | {fold(n) for n in GIVEN_NAMES})

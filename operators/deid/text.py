@@ -31,8 +31,8 @@ from pydantic import Field
 from modalign.operators.base import OperatorConfig, TableOperator
 from modalign.operators.deid.keystore import KeyStore
 from modalign.operators.deid.name_lexicon import lexicon_version
-from modalign.operators.deid.recognisers import (RULES_VERSION, PiiSpan, detect_batch, detector_name, load_nlp,
-                                                 name_key, normalise)
+from modalign.operators.deid.names import load_nlp, name_key
+from modalign.operators.deid.recognisers import RULES_VERSION, PiiSpan, detect_batch, detector_name, normalise
 from modalign.schemas.errors import ComplianceError, InputError, ModalignError
 from modalign.schemas.arrow import arrow_type
 from modalign.schemas.policy import DEFAULT_POLICY_TAG, TextPolicy
