@@ -9,11 +9,14 @@ action ``mask`` fills each box with its mean colour instead (nothing of the face
 
 Small faces: MediaPipe's full-range model sees the frame letterboxed to 192x192, so faces
 under ~110 px in 720p are missed whole-frame; ``FacePolicy.tiles`` (default 2) adds a pass
-over a 2x2 grid of overlapping tiles. ``tile_every = 2`` runs that pass on the frames at
-even positions of a dense stream (the face tracks cover the frames between; sparse or
-sampled frames, and the stream's last frame, always get it), and the second model's 3x3
-grid on every other tiled frame. The grid is the stream's (a frame's position in it), not
-the table's.
+over a 2x2 grid of overlapping tiles. ``tile_every = 2`` scans the frames at even
+positions of a dense stream (the face tracks cover the frames between); with tracking,
+every other scan gets the tiles and the second model's 3x3 grid and the scans between the
+whole frame and a closer look at each tracked face it missed (a face found on a full scan
+is tracked and covered back in time, ``track_hold_s``); the static window gets the tiles on
+each scan and the grid on every other one. Sparse or sampled frames and the stream's last
+frame always get both passes. The grid is the stream's (a frame's position in it), not the
+table's.
 
 Second pass: with ``FacePolicy.second_pass`` the short-range model (another network) also
 runs on the tiles, and on an upscaled crop around each tracked face the first pass missed
@@ -218,12 +221,12 @@ class _MediapipeDetector:
 
     def detect(self, rgb: np.ndarray, tiled: bool = True, fine: bool = True) -> list[tuple[float, float, float, float, float]]:
         """Detections of the whole frame; with ``tiled`` also of the tiles and, with ``fine``,
-        of the second model's finer grid."""
+        of the second model's finer grid (also without ``tiled``)."""
         h, w = rgb.shape[:2]
         out = []
         for region in tile_regions(w, h, self.tiles if tiled else 1):
             out += _run(self._fd, rgb, region)
-        if tiled and fine and self._fd2 is not None and self.tiles > 1:
+        if fine and self._fd2 is not None and self.tiles > 1:
             for region in tile_regions(w, h, SECOND_TILES)[1:]:
                 out += _run(self._fd2, rgb, region)
         return out
@@ -314,7 +317,8 @@ class _Segment:
     last_order: int | None = None  # t_ns (else frame_index) of the last row of the last table
     pos: int = 0  # rows of the segment received
     waiting: _Row | None = None  # the newest row: scanned once the next one (or the end) is known
-    flags: list[tuple[bool, bool] | None] = field(default_factory=lambda: [None, None])  # (tiled, fine) of the last two scanned
+    scanned_t: int | None = None  # time of the last scanned row
+    flags: list[tuple[bool, bool, bool] | None] = field(default_factory=lambda: [None, None])  # (scanned, tiles, fine) of the last two
     rows: list[_Row] = field(default_factory=list)  # scanned, boxes not final yet, oldest first
 
 
@@ -455,10 +459,9 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
     def _scan(self, seg: _Segment, row: _Row, next_t: int | None) -> None:
         """Detect (and track) the faces of ``row``; ``next_t``: the next row's time (None: last row)."""
         pol = self.config.face
-        prev = seg.rows[-1].t_ns if seg.rows else None
-        tiled = _tiled(row.pos, pol.tile_every, prev, row.t_ns, next_t)
-        fine = _fine(tiled, seg.flags, last=next_t is None)
-        seg.flags = [seg.flags[1], (tiled, fine)]
+        scan = _tiled(row.pos, pol.tile_every, seg.scanned_t, row.t_ns, next_t)
+        tiled, fine = _passes(scan, seg.flags, last=next_t is None, alternate=seg.tracks is not None)
+        seg.flags, seg.scanned_t = [seg.flags[1], (scan, tiled, fine)], row.t_ns
         seg.rows.append(row)
         if seg.tracks is None:
             seg.resolver.add(self._detect(row, tiled, fine) if row.valid else [])
@@ -468,14 +471,14 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
         if row.valid:
             second = hasattr(self._detector, "detect_near")
             boxes = self._detect(row, tiled, fine)
-            missed = tracks.missed(t, boxes) if second and tiled else []
+            missed = tracks.missed(t, boxes) if second and scan else []
             if missed:  # a tracked face a full scan lost: look again, closer (between scans, tracks interpolate)
                 boxes = _dedupe(boxes + self._detect(row, tiled, fine, near=missed))
             if second:  # a weak detection that starts no track must be seen again up close (hands, textures)
                 boxes = [b if b[4] >= CONFIRM_SCORE or tracks.continues(t, b) else self._verified(row, b)
                          for b in boxes]
                 boxes = [b for b in boxes if b is not None]
-            seen = tracks.update(t, boxes, confident=tiled)
+            seen = tracks.update(t, boxes, confident=scan)
         seg.resolver.add(t, seen, tracks.live())
 
     def _emit(self, seg: _Segment, applied: list[list[BoxT]]) -> None:
@@ -647,13 +650,25 @@ def _tiled(pos: int, every: int, prev_t: int | None, t: int, next_t: int | None)
     return t - prev_t > DENSE_GAP_NS or next_t - t > DENSE_GAP_NS
 
 
-def _fine(tiled: bool, flags: list[tuple[bool, bool] | None], last: bool) -> bool:
-    """Does a tiled frame also get the second model's finer grid? Every other tiled frame of a
-    run of tiled frames two apart (a dense stream), every tiled frame otherwise, and the
-    stream's last frame; ``flags``: (tiled, fine) of the two frames before it."""
+def _passes(scan: bool, flags: list[tuple[bool, bool, bool] | None], last: bool,
+            alternate: bool) -> tuple[bool, bool]:
+    """(tiles, fine) of a frame: does it get the first model's tiles, the second model's finer
+    grid? A frame ``_tiled`` does not pick gets neither (the whole frame only). In a dense
+    stream (scans two apart) the finer grid runs on every other scan; with ``alternate``
+    (tracking: a face found on one full scan is followed, and covered back in time) so do
+    the tiles, the scans between getting the whole frame (and the closer looks at missed
+    tracks). The first frame after a gap, sparse frames and the stream's last frame get
+    both. ``flags``: (scanned, tiles, fine) of the two frames before it."""
+    if not scan:
+        return False, False
     two, one = flags
     dense = two is not None and one is not None and two[0] and not one[0]
-    return tiled and (last or not dense or not two[1])
+    if last or not dense:
+        return True, True
+    if not alternate:
+        return True, not two[2]
+    both = not two[1]
+    return both, both
 
 
 def _stream_key(table: pa.Table) -> tuple[str | None, int | None, int | None]:

@@ -297,25 +297,36 @@ def test_tiled_pass_every_other_frame_only_in_dense_streams(canvas):
             self.calls = []
 
         def detect(self, img, tiled=True, fine=True):
-            self.calls.append(tiled if tiled and not fine else (tiled, "fine") if tiled else tiled)
+            self.calls.append("TF" if tiled and fine else "T" if tiled else "F" if fine else "-")
             return []
 
     o = FaceBlurOperator(FaceBlurConfig(secret=SECRET))
     o._detector = Counting()
     run(o, frames_table([canvas] * 5))  # 40 ms apart
     run(o, frames_table([canvas] * 7))
-    # the stream's last row is always tiled and fine; the second model's finer grid every other tiled row
-    assert o._detector.calls[:5] == [(True, "fine"), False, True, False, (True, "fine")]
-    assert o._detector.calls[5:] == [(True, "fine"), False, True, False, (True, "fine"), False, (True, "fine")]
+    # every other frame is scanned: every other scan with the tiles and the second model's finer
+    # grid, the scans between with the whole frame (and a closer look where a track was missed);
+    # the stream's last frame gets both passes
+    assert o._detector.calls[:5] == ["TF", "-", "-", "-", "TF"]
+    assert o._detector.calls[5:] == ["TF", "-", "-", "-", "TF", "-", "TF"]
     # by position in the stream, not in the table: 12 frames in tables of 5 and 7 are one stream of 12
     o._detector.calls.clear()
+    one_stream = ["TF", "-", "-", "-", "TF", "-", "-", "-", "TF", "-", "-", "TF"]
     run(o, frames_table([canvas] * 5), frames_table([canvas] * 7, start=5))
-    assert o._detector.calls == [(True, "fine"), False, True, False, (True, "fine"), False, True, False,
-                                 (True, "fine"), False, True, (True, "fine")]
+    assert o._detector.calls == one_stream
+    o = FaceBlurOperator(FaceBlurConfig(secret=SECRET))  # tables of one row
+    o._detector = Counting()
+    run(o, *[frames_table([canvas], start=i) for i in range(12)])
+    assert o._detector.calls == one_stream
+    # the static window (no tracking) covers only its neighbours: every scanned frame gets the tiles
+    o = FaceBlurOperator(FaceBlurConfig(secret=SECRET, face=FacePolicy(track_hold_s=0, temporal_window=1)))
+    o._detector = Counting()
+    run(o, *[frames_table([canvas], start=i) for i in range(12)])
+    assert o._detector.calls == ["TF", "-", "T", "-", "TF", "-", "T", "-", "TF", "-", "T", "TF"]
     o._detector.calls.clear()
     sparse = frames_table([canvas] * 3).set_column(1, "t_ns", pa.array([0, 1_000_000_000, 2_000_000_000], pa.int64()))
     run(o, sparse)  # 1 s apart (sampled frames): the tracks cannot bridge, every frame is tiled
-    assert o._detector.calls == [(True, "fine")] * 3
+    assert o._detector.calls == ["TF"] * 3
 
 
 def test_mask_action_fills_the_box_with_one_colour(op, canvas):
