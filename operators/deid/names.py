@@ -214,6 +214,10 @@ _PARTICLE_NAME = re.compile(
     rf"(?<![\w@.])(?P<first>{_TITLE_WORD})(?P<particles>(?:[ ](?:van|von|vom|zu|zur|ter|ten|der|den|het|'t|de|del|"
     rf"della|di|da|dos|das|du|des|la|le)){{1,3}})[ ](?P<last>{_TITLE_WORD})(?![\w@]|\.\w)"
 )
+# "Artan ildem Duran": OCR lost the middle name's capital (a dotted İ, a dropped letter)
+_LOWER_MIDDLE = re.compile(
+    rf"(?<![\w@.])(?P<first>{_TITLE_WORD})[ ](?P<mid>[{_LO}][{_NAME_LETTERS}]{{2,}})[ ](?P<last>{_TITLE_WORD})(?![\w@]|\.\w)"
+)
 _ROMANCE_PARTICLES = frozenset("de del della di da dos das du des la le".split())
 _PREV_NAME_WORD = re.compile(rf"(?<![\w@.])(?P<w>{_TITLE_WORD})[ ]$")
 
@@ -401,6 +405,12 @@ def _person_spans(repaired: str, index: list[int], doc: Any, original: str) -> l
                 and looks_like_name_shape([first, last]) and first.casefold() not in _PLACE_PREFIX
                 and same_line(m.start("first"), m.end("last")) and unrepaired(m.start("first"), m.end("last"))):
             add(m.start("first"), m.end("last"), SCORES["person_context"] if given else SCORES["person_pair"])
+    for m in _LOWER_MIDDLE.finditer(repaired):
+        first, mid, last = m.group("first"), m.group("mid"), m.group("last")
+        if (is_given_name(first) and not is_common_word(mid) and mid not in _PARTICLES and not is_common_word(last)
+                and looks_like_name_shape([first, last]) and same_line(m.start("first"), m.end("last"))
+                and unrepaired(m.start("first"), m.end("last"))):
+            add(m.start("first"), m.end("last"), SCORES["person_context"])
     for m in _HAN_NAME.finditer(repaired):
         add(m.start(), m.end(), SCORES["person_context"])
     for m in _HONORIFIC.finditer(repaired):

@@ -233,7 +233,9 @@ def _plan_valid(candidate: str) -> bool:
 
 # OCR may read a check digit 0 as O and insert a stray dot between groups: both tolerated,
 # the mod-97 check keeps precision.
-_IBAN = re.compile(r"(?<![A-Za-z0-9])[A-Z]{2}[\dO]{2}(?:(?:[ \t\n]|\.[ ]?)?[A-Z0-9]){10,32}")
+_IBAN = re.compile(r"(?<![A-Za-z0-9])[A-Z]{2}[\dOQDSIlBZ]{2}(?:(?:[ \t\n]|\.[ ]?)?[A-Z0-9]){10,32}")
+# what OCR reads for the digits of the check digits (which are always two digits)
+_CHECK_DIGITS = str.maketrans("OQDSIlBZ", "00051182")
 _IBAN_LENGTHS = {
     "AD": 24, "AE": 23, "AL": 28, "AT": 20, "AZ": 28, "BA": 20, "BE": 16, "BG": 22, "BH": 22, "BR": 29,
     "CH": 21, "CR": 22, "CY": 28, "CZ": 24, "DE": 22, "DK": 18, "DO": 28, "EE": 20, "ES": 24, "FI": 18,
@@ -269,13 +271,18 @@ def _find_ibans(text: str) -> Iterable[PiiSpan]:
         raw = "".join(text[p] for p in pos)
         want = _IBAN_LENGTHS.get(raw[:2])
         lengths = [want] if want else range(min(34, len(raw)), 14, -1)
-        # as read; then with OCR's O for 0 undone in the check digits; then everywhere after them
-        variants = (raw, raw[:2] + raw[2:4].replace("O", "0") + raw[4:],
-                    raw[:2] + raw[2:4].replace("O", "0") + raw[4:].replace("O", "0"))
+        # as read; then with OCR's letters for digits undone in the check digits (O Q D for 0, S for 5,
+        # I l for 1, B for 8, Z for 2); then O for 0 everywhere after them
+        check = raw[2:4].translate(_CHECK_DIGITS)
+        variants = (raw, raw[:2] + check + raw[4:], raw[:2] + check + raw[4:].replace("O", "0"))
         hit = next((n for compact in dict.fromkeys(variants) for n in lengths
                     if n <= len(compact) and iban_valid(compact[:n])), None)
-        if hit is None and want and len(raw) != want and iban_valid(raw, registered_length=False):
-            hit = len(raw)  # checksum right, length off the registry (a mistyped or made-up bank code): still one
+        if hit is None and want:
+            # checksum right, length off the registry (a mistyped or made-up bank code): still one, ending
+            # where a token of the text ends ("...432319\nID number" is not "...432319ID")
+            ends = [n for n in range(len(raw), 14, -1) if n == len(raw) or not text[pos[n - 1] + 1].isalnum()]
+            hit = next((n for compact in dict.fromkeys(variants) for n in ends
+                        if n != want and iban_valid(compact[:n], registered_length=False)), None)
         if (hit is None and 15 <= len(raw) <= 34 and sum(c.isdigit() for c in raw) >= 10
                 and _IBAN_CONTEXT.search(text, max(0, m.start() - 40), m.start())):
             hit = len(raw)  # after "IBAN"/"account": OCR damage broke the checksum, it is still an account number
@@ -531,7 +538,7 @@ def normalise(kind: str, value: str) -> str:
         return ("+" if v.lstrip().startswith("+") else "") + digits
     if kind == "iban":
         compact = re.sub(r"\W", "", v).upper()
-        return compact[:2] + compact[2:4].replace("O", "0") + compact[4:]
+        return compact[:2] + compact[2:4].translate(_CHECK_DIGITS) + compact[4:]
     if kind == "national_id":
         return re.sub(r"\W", "", v).upper()
     if kind == "date_of_birth":

@@ -340,6 +340,18 @@ def test_ocr_damaged_checksummed_numbers_and_split_emails_found():
     assert pseudonym(k, "iban", "GBO6 NWBK 8482 2200 1373 04") == pseudonym(k, "iban", "GB06NWBK84822200137304")
 
 
+def test_ocr_letters_for_the_digits_of_iban_check_digits_and_lost_capitals_of_names():
+    """A scanned page in a monospaced font: Q for 0, S for 5 in the check digits; İ read as i."""
+    text = ("Account: FRQ828194821993518190937865\nAccount: GB6SBTGP8657975432319\n"
+            "The report was signed by Artan ildem Duran on Monday.")
+    got = {text[s:e]: k for s, e, k, _ in find_pii(text)}
+    assert got["FRQ828194821993518190937865"] == "iban" and got["GB6SBTGP8657975432319"] == "iban"
+    assert got["Artan ildem Duran"] == "person"
+    k = b"k" * 32
+    assert pseudonym(k, "iban", "FRQ828194821993518190937865") == pseudonym(k, "iban", "FR0828194821993518190937865")
+    assert find_pii("CONSIDERATIONS ABSOLUTELY PROBABILITIES SIDEBOARDING", ["iban"]) == []
+
+
 @pytest.mark.parametrize(
     "text,name",
     [
