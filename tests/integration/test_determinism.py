@@ -1,5 +1,5 @@
 """Determinism of de-identification: the same input and config give byte-identical event
-tables across runs, and the frame text across video batch sizes (issue 11, part 4).
+tables across runs, and the face boxes and frame text across video batch sizes (issue 11, part 4).
 
 One generated 4.5 s sample session (``modalign sample``), one tenant key store, three runs
 on the shared local Ray: the default config twice and ``ingest.video.batch_frames = 7``
@@ -79,7 +79,7 @@ def _pixels(jpeg: bytes) -> np.ndarray:
 
 def test_video_batch_size_changes_no_pixel_outside_the_face(runs):
     """Every decoded pixel is equal except in the JPEG blocks that touch a face box of either
-    run, or border them (the face operator's boxes depend on the batching: see the next test)."""
+    run, or border them (the boxes themselves are compared by the next test)."""
     a, b = events(runs["first"], "events_video"), events(runs["batch7"], "events_video")
     compared = 0
     for ja, jb, fa, fb in zip(a.column("frame_jpeg").to_pylist(), b.column("frame_jpeg").to_pylist(),

@@ -20,7 +20,9 @@ def _deid_frames() -> pa.Table:
     frames = np.stack([canvas, canvas])
     table = pa.table({"event_id": ["s/cam/frame/0", "s/cam/frame/1"], "t_ns": pa.array([0, 40_000_000], pa.int64()),
                       "frame": pa.FixedShapeTensorArray.from_numpy_ndarray(frames)})
-    out = FaceBlurOperator(FaceBlurConfig(secret=b"z" * 32)).process(table)
+    op = FaceBlurOperator(FaceBlurConfig(secret=b"z" * 32))
+    assert op.process(table).num_rows == 0  # both rows wait for the look-ahead of the face tracks
+    (out,) = op.flush()
     assert sum(len(b) for b in out.column("face_boxes").to_pylist()) == 2  # a face was found and anonymised
     return out
 
