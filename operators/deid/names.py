@@ -497,15 +497,23 @@ def _used_as_a_term(surface: str, score: float, batch_text: str) -> bool:
 
 def _is_a_term(word: str, batch_text: str) -> bool:
     """Whether ``word`` is used as a term in ``batch_text`` (see ``_TERM_HEADS``)."""
-    w = re.escape(word)
-    if re.search(rf"(?<![\w-]){_TERM_BEFORE}\s+{w}(?![\w'’-]){_NOT_A_TERM_AFTER}", batch_text):
-        return True
-    for m in re.finditer(rf"(?<![\w-]){w}(?:/\w+)?\s+(?P<head>[a-z]+)\b", batch_text):
-        if m.group("head") in _TERM_HEADS:
-            return True
+    terms, camel = _terms(batch_text)
     # "GhostScript" beside "Ghostscript": a product's CamelCase spelling (a name is not re-capitalised)
-    return any(m.group(0) != word and m.group(0).casefold() == word.casefold()
-               for m in re.finditer(r"(?<![\w-])[A-Z][a-z]+[A-Z][a-z]+(?![\w])", batch_text))
+    return word in terms or bool(camel.get(word.casefold(), set()) - {word})
+
+
+@lru_cache(maxsize=4)
+def _terms(batch_text: str) -> tuple[frozenset[str], dict[str, set[str]]]:
+    """The words of ``batch_text`` used as terms, and its CamelCase words by casefolded form:
+    read once per batch, not once per name."""
+    terms = {m.group("w") for m in re.finditer(
+        rf"(?<![\w-]){_TERM_BEFORE}\s+(?P<w>[^\W\d_][\w'’-]*)(?![\w'’-]){_NOT_A_TERM_AFTER}", batch_text)}
+    terms |= {m.group("w") for m in re.finditer(r"(?<![\w-])(?P<w>[^\W\d_][\w-]*)(?:/\w+)?(?=\s+(?P<head>[a-z]+)\b)",
+                                                  batch_text) if m.group("head") in _TERM_HEADS}
+    camel: dict[str, set[str]] = {}
+    for m in re.finditer(r"(?<![\w-])[A-Z][a-z]+[A-Z][a-z]+(?![\w])", batch_text):
+        camel.setdefault(m.group(0).casefold(), set()).add(m.group(0))
+    return frozenset(terms), camel
 
 
 def _propagate(repaired: str, index: list[int], names: dict[str, tuple[str, float]], batch_text: str = "") -> list[PiiSpan]:
