@@ -4,8 +4,9 @@ Prints the table of ``modalign.pipeline.deid_eval.voice.eval_voice`` for the def
 (the keyed per-utterance ``VoiceAnonymiser``) and the old fixed-alpha McAdams transform: resemblyzer
 EER and rank-1 identification of an ignorant attacker (anonymised trial vs original enrolment) and of
 a lazy-informed one (enrolment anonymised by the same method with its own key), per voice; pocketsphinx
-WER before/after; x real time of the anonymiser on one core. Target (issue 11): EER >= 40 % for each
-attacker.
+WER before/after; x real time of the anonymiser on one core; both EERs again on two halves of the
+speakers (voiceanon@3's parameters were chosen on the first half with 6 sentences; the second is held
+out). Target (issue 11): EER >= 40 % for each attacker.
 
 Voices: 8 espeak-ng variants, 4 flite voices (``flite -lv``; kal16/awb_time are the same speakers as
 kal/awb), natural speech from Debian ``pocketsphinx-testdata`` (a LibriVox reader, the AN4 "cards"

@@ -88,13 +88,21 @@ class VoicePolicy(_Strict):
         description="anonymise: utterance length on the stream's sample clock; each utterance draws its own parameters",
     )
     mcadams_alpha_range: tuple[float, float] = Field(
-        (0.55, 1.0), description="anonymise: per-utterance McAdams coefficient range; pole angles phi become phi**alpha",
+        (0.8, 1.0), description="anonymise: per-utterance McAdams range; frequency w (rad) becomes pi (w/pi)**alpha",
     )
     vtln_warp_range: tuple[float, float] = Field(
         (-0.2, 0.2), description="anonymise: per-utterance all-pass (VTLN) warp range; > 0 moves formants up",
     )
     f0_range_hz: tuple[float, float] = Field(
         (80.0, 250.0), description="anonymise: per-utterance monotone pitch range that replaces the speaker's pitch",
+    )
+    timbre_db: float = Field(
+        10.0, ge=0.0, le=20.0,
+        description="anonymise: per-utterance keyed envelope shape, 6 cosine terms of up to this many dB each",
+    )
+    envelope_norm_s: float = Field(
+        3.0, ge=0.0, le=10.0,
+        description="anonymise: the speaker's average envelope over this span is removed first (0: not removed)",
     )
     legal_basis: str = Field("", description="free-text note recorded with the policy")
 
@@ -106,7 +114,7 @@ class VoicePolicy(_Strict):
                              "vtln_warp [-0.4, 0.4], f0_range_hz [50, 400]")
         if self.action == "anonymise" and max(abs(a0 - 1.0), abs(a1 - 1.0)) < 0.05 and max(abs(w0), abs(w1)) < 0.05:
             raise ValueError("voice.mcadams_alpha_range and voice.vtln_warp_range are too close to no change to "
-                             "anonymise; use e.g. mcadams_alpha_range [0.55, 1.0], vtln_warp_range [-0.2, 0.2]")
+                             "anonymise; use e.g. mcadams_alpha_range [0.8, 1.0], vtln_warp_range [-0.2, 0.2]")
         return self
 
 

@@ -7,10 +7,12 @@ removes any waveform column that would still be present.
 
 Policy actions (``modalign.schemas.policy.VoicePolicy``):
 
-- ``anonymise`` (default): the waveform is transformed by ``VoiceAnonymiser`` *before* the
-  MFCCs are computed (a hook in the audio ingest, inside the worker process). Every
-  utterance (``segment_s`` of the stream's sample clock) gets its own McAdams coefficient,
-  VTLN warp and monotone pitch, drawn from HMAC-SHA256 of the tenant's voice sub-key, the
+- ``anonymise`` (default): the waveform is re-synthesised by ``VoiceAnonymiser`` *before* the
+  MFCCs are computed (a hook in the audio ingest, inside the worker process). The speaker's
+  average spectral envelope (over ``envelope_norm_s``) is removed, and every utterance
+  (``segment_s`` of the stream's sample clock) gets its own McAdams coefficient, VTLN warp,
+  envelope shape and monotone pitch on a synthetic source (pulses + noise), drawn from
+  HMAC-SHA256 of the tenant's voice sub-key, the
   source (``session/source``) and the utterance index: so the pseudo-voice differs between
   utterances of one speaker (an attacker who anonymises enrolment speech with the same
   method gets other draws) and between tenants, and the same input and config give
@@ -171,63 +173,80 @@ def _warp_poles(a: np.ndarray, alpha: float | np.ndarray, warp: float | np.ndarr
     return poly.real
 
 
-ANON_VERSION = "2"
+ANON_VERSION = "3"
+NFFT = 512  # synthesis FFT (32 ms at 16 kHz): a 20 ms frame plus the filter's tail
+NORM_BLOCK = 10  # frames per block of the running envelope mean (100 ms at hop 10 ms)
+TIMBRE_TERMS = 6  # cosine terms of the keyed per-utterance envelope shape
 
 
 class VoiceAnonymiser:
-    """Callable ``(samples, start_sample, source_key) -> samples``: keyed per-utterance voice warping.
+    """Callable ``(samples, start_sample, source_key) -> samples``: keyed per-utterance voice re-synthesis.
 
     Per 20 ms frame on the stream's sample clock (frame ``j`` covers stream samples
-    ``[(j-1)*hop, (j+1)*hop)``, hop 10 ms; periodic Hann, overlap-added): an order-20 LPC model;
-    its pole angles ``phi`` become ``phi ** alpha`` (McAdams) and then go through the all-pass
-    (VTLN) map ``phi + 2 atan(warp sin phi / (1 - warp cos phi))``; in voiced frames (normalised
-    autocorrelation of the 40 ms LPC residual) the residual is replaced by a pulse train at
-    ``f0`` on a stream-global lattice (pulses at ``round(m * rate / f0)``), so neither the
-    speaker's pitch nor their glottal source survives. Each frame keeps its input energy.
+    ``[(j-1)*hop, (j+1)*hop)``, hop 10 ms, periodic Hann): an order-20 LPC envelope (log magnitude,
+    512-point FFT). The speaker's long-term envelope (energy-weighted mean over ``norm_s`` around the
+    frame, in 100 ms blocks on the stream clock) is subtracted, so every voice starts from the same
+    flat timbre; the rest (the phones) is frequency-warped (McAdams ``pi (w/pi) ** alpha``, then the
+    all-pass VTLN map ``w + 2 atan(warp sin w / (1 - warp cos w))``) and given a keyed envelope shape
+    (``sum_m c_m cos(m w)``, ``|c_m| <= timbre_db``). The source is replaced entirely: a pulse train at
+    a keyed monotone ``f0`` on a stream-global lattice where the frame is voiced (normalised
+    autocorrelation of the LPC residual), keyed white noise where it is not, mixed by voicing; the
+    new envelope is applied as a minimum-phase filter and each frame keeps its input energy. Neither
+    the speaker's pitch, glottal source, average timbre nor formant positions survive as they were.
 
-    ``(alpha, warp, f0)`` are drawn per utterance = ``segment_s`` of the stream's sample clock
-    (``k = sample // segment``) from HMAC-SHA256(secret, name, source_key, k): reproducible with
-    the tenant key, unpredictable without it, never from time or process state. The first
-    ``crossfade_ms`` of a segment blend the previous segment's parameters into the new ones.
+    ``(alpha, warp, f0, c_1..c_6)`` are drawn per utterance = ``segment_s`` of the stream's sample
+    clock (``k = sample // segment``) from HMAC-SHA256(secret, name, source_key, k), the noise of
+    utterance ``k`` from a generator seeded the same way: reproducible with the tenant key,
+    unpredictable without it, never from time or process state. The first ``crossfade_ms`` of a
+    segment blend the previous segment's parameters into the new ones.
 
-    Output sample ``s`` depends only on input samples within ``3 * hop`` of it: a caller that
-    passes ``context_samples`` of untransformed input on each side of what it keeps gets
-    byte-identical output for any chunking (the audio ingest does). Picklable, stateless.
+    Output sample ``s`` depends only on input samples within ``context_samples`` of it (the envelope
+    mean's reach): a caller that passes that much untransformed input on each side of what it keeps
+    gets byte-identical output for any chunking (the audio ingest does). Picklable, stateless.
     """
 
     def __init__(self, secret: bytes, sample_rate_hz: int = 16000, segment_s: float = 4.0,
-                 alpha_range: tuple[float, float] = (0.55, 1.0), warp_range: tuple[float, float] = (-0.2, 0.2),
-                 f0_range_hz: tuple[float, float] = (80.0, 250.0), lpc_order: int = 20, win_ms: float = 20.0,
-                 crossfade_ms: float = 100.0) -> None:
+                 alpha_range: tuple[float, float] = (0.8, 1.0), warp_range: tuple[float, float] = (-0.2, 0.2),
+                 f0_range_hz: tuple[float, float] = (80.0, 250.0), timbre_db: float = 10.0, norm_s: float = 3.0,
+                 lpc_order: int = 20, win_ms: float = 20.0, crossfade_ms: float = 100.0) -> None:
         self._secret = bytes(secret)
         self.sample_rate_hz = int(sample_rate_hz)
         self.win = int(round(win_ms * sample_rate_hz / 1000)) // 2 * 2
         self.hop = self.win // 2
         self.order = int(lpc_order)
-        if self.win <= 2 * self.order:
-            raise ValueError("anonymiser window too short for the LPC order")
+        if self.win <= 2 * self.order or self.win > NFFT:
+            raise ValueError("anonymiser window too short for the LPC order, or longer than the synthesis FFT")
         self.segment = max(1, int(round(segment_s * sample_rate_hz / self.hop))) * self.hop
         self.crossfade = max(1, int(round(crossfade_ms * sample_rate_hz / 1000 / self.hop)))  # frames
         self.alpha_range, self.warp_range, self.f0_range_hz = tuple(alpha_range), tuple(warp_range), tuple(f0_range_hz)
-        self.context_samples = 4 * self.hop
+        self.timbre_db = float(timbre_db)
+        self.norm_blocks = int(round(norm_s * sample_rate_hz / self.hop / NORM_BLOCK / 2))  # blocks either side
+        self.context_samples = ((self.norm_blocks + 2) * NORM_BLOCK + 4) * self.hop + NFFT
         self.name = (f"voiceanon@{ANON_VERSION}/seg={segment_s:g}s/alpha={alpha_range[0]:.2f}..{alpha_range[1]:.2f}"
                      f"/warp={warp_range[0]:+.2f}..{warp_range[1]:+.2f}/f0={f0_range_hz[0]:g}..{f0_range_hz[1]:g}Hz"
-                     f"/order={self.order}/win={win_ms:g}ms")
+                     f"/timbre={self.timbre_db:g}dB/norm={norm_s:g}s/order={self.order}/win={win_ms:g}ms")
+        nb = NFFT // 2 + 1
+        self._omega = np.pi * np.arange(nb) / (nb - 1)
+        self._cos = np.cos(np.arange(1, TIMBRE_TERMS + 1)[:, None] * self._omega[None, :])  # (terms, bins)
 
     def __repr__(self) -> str:
         return f"VoiceAnonymiser({self.name})"
 
+    def _digest(self, *parts: object) -> bytes:
+        msg = "\x00".join([self.name, *map(str, parts)]).encode()
+        return hmac.new(self._secret, msg, hashlib.sha256).digest()
+
     def params(self, source_key: str, segment_index: int) -> np.ndarray:
-        """``(alpha, warp, f0_hz)`` of utterance (segment) ``segment_index`` of ``source_key``."""
-        msg = f"{self.name}\x00{source_key}\x00{int(segment_index)}".encode()
-        d = hmac.new(self._secret, msg, hashlib.sha256).digest()
-        u = [int.from_bytes(d[i:i + 7], "big") / float(2 ** 56) for i in (0, 7, 14)]
+        """``(alpha, warp, f0_hz, c_1..c_6 dB)`` of utterance (segment) ``segment_index`` of ``source_key``."""
+        d = self._digest(source_key, int(segment_index)) + self._digest(source_key, int(segment_index), "timbre")
+        u = [int.from_bytes(d[i:i + 7], "big") / float(2 ** 56) for i in range(0, 7 * (3 + TIMBRE_TERMS), 7)]
         lerp = lambda r, t: r[0] + (r[1] - r[0]) * t  # noqa: E731
         f0 = math.exp(lerp((math.log(self.f0_range_hz[0]), math.log(self.f0_range_hz[1])), u[2]))
-        return np.array([lerp(self.alpha_range, u[0]), lerp(self.warp_range, u[1]), f0])
+        timbre = [self.timbre_db * (2.0 * t - 1.0) for t in u[3:]]
+        return np.array([lerp(self.alpha_range, u[0]), lerp(self.warp_range, u[1]), f0, *timbre])
 
     def frame_params(self, source_key: str, frames: np.ndarray) -> np.ndarray:
-        """``(F, 3)`` parameters of stream frames ``frames`` (centre ``j * hop``), cross-faded at segment starts."""
+        """``(F, 9)`` parameters of stream frames ``frames`` (centre ``j * hop``), cross-faded at segment starts."""
         centre = np.asarray(frames, dtype=np.int64) * self.hop
         seg = centre // self.segment
         cache = {int(k): self.params(source_key, int(k)) for k in np.unique(np.concatenate([seg, seg - 1])) if k >= 0}
@@ -236,6 +255,61 @@ class VoiceAnonymiser:
         into = (centre - seg * self.segment) // self.hop  # frames since the segment started
         w = np.minimum(1.0, (into + 1) / self.crossfade)
         return prev + (cur - prev) * w[:, None]
+
+    def _noise(self, source_key: str, lo: int, hi: int) -> np.ndarray:
+        """Keyed white noise of stream samples ``[lo, hi)`` (zeros before the stream starts)."""
+        out = np.zeros(hi - lo)
+        for k in range(max(lo, 0) // self.segment, (hi - 1) // self.segment + 1):
+            seed = int.from_bytes(self._digest(source_key, k, "noise")[:16], "big")
+            z = np.random.default_rng(seed).standard_normal(self.segment)
+            a, b = max(lo, 0, k * self.segment), min(hi, (k + 1) * self.segment)
+            out[a - lo:b - lo] = z[a - k * self.segment:b - k * self.segment]
+        return out
+
+    def _normalised(self, log_env: np.ndarray, weight: np.ndarray, j0: int) -> np.ndarray:
+        """``log_env`` minus its weighted running mean over ``norm_blocks`` blocks either side.
+
+        Block ``b`` holds frames ``[b*B, (b+1)*B)`` of the stream; block means are interpolated
+        linearly between block centres. Sums run in a fixed order, so a frame's value never depends
+        on where the chunk started."""
+        if self.norm_blocks <= 0:
+            return log_env
+        f, nb = log_env.shape
+        blk, k = NORM_BLOCK, self.norm_blocks
+        b0 = j0 // blk
+        n_blocks = (j0 + f - 1) // blk + 1 - b0
+        off = j0 - b0 * blk
+        wl = np.zeros((n_blocks * blk, nb))
+        wl[off:off + f] = log_env * weight[:, None]
+        ww = np.zeros(n_blocks * blk)
+        ww[off:off + f] = weight
+        padded = np.zeros((n_blocks + 2 * k, nb))
+        padded[k:k + n_blocks] = wl.reshape(n_blocks, blk, nb).sum(axis=1)
+        padded_w = np.zeros(n_blocks + 2 * k)
+        padded_w[k:k + n_blocks] = ww.reshape(n_blocks, blk).sum(axis=1)
+        acc, acc_w = np.zeros((n_blocks, nb)), np.zeros(n_blocks)
+        for d in range(2 * k + 1):
+            acc += padded[d:d + n_blocks]
+            acc_w += padded_w[d:d + n_blocks]
+        mean = acc / np.maximum(acc_w, 1e-12)[:, None]
+        c = (np.arange(j0, j0 + f) + 0.5) / blk - 0.5 - b0  # fractional block index of each frame
+        i0 = np.clip(np.floor(c).astype(np.int64), 0, n_blocks - 1)
+        i1 = np.minimum(i0 + 1, n_blocks - 1)
+        t = np.clip(c - np.floor(c), 0.0, 1.0)[:, None]
+        return log_env - (mean[i0] * (1.0 - t) + mean[i1] * t)
+
+    def _envelope(self, log_env: np.ndarray, prm: np.ndarray) -> np.ndarray:
+        """Warped, keyed log envelope (natural log) per frame."""
+        om = self._omega
+        mc = np.pi * (om[None, :] / np.pi) ** prm[:, 0:1]
+        g = mc + 2.0 * np.arctan(prm[:, 1:2] * np.sin(mc) / (1.0 - prm[:, 1:2] * np.cos(mc)))
+        out = np.empty_like(log_env)
+        for k in range(log_env.shape[0]):  # output bin w takes the envelope at g^-1(w); g is increasing
+            out[k] = np.interp(om, g[k], log_env[k])
+        db = math.log(10.0) / 20.0
+        for m in range(TIMBRE_TERMS):
+            out += (prm[:, 3 + m] * db)[:, None] * self._cos[m][None, :]
+        return out
 
     def __call__(self, samples: np.ndarray, start_sample: int = 0, source_key: str = "") -> np.ndarray:
         from scipy.signal import lfilter
@@ -255,38 +329,48 @@ class VoiceAnonymiser:
         frames = buf[2 * hop + np.arange(win)[None, :] + pos] * window
         energy = np.einsum("ij,ij->i", frames, frames)
         active = energy > 1e-10 * win
-        full = np.zeros_like(frames)
+        out = np.zeros((n_frames + 1) * hop + NFFT)
         if active.any():
-            ja = np.arange(j0, j1)[active]
+            idx = np.flatnonzero(active)
+            ja = np.arange(j0, j1)
+            a = np.zeros((n_frames, p + 1))
+            a[:, 0] = 1.0
+            a[idx] = _lpc(frames[idx], p)
+            log_env = -np.log(np.maximum(np.abs(np.fft.rfft(a, NFFT, axis=1)), 1e-8))  # log |1 / A|
+            log_env -= log_env.mean(axis=1, keepdims=True)  # shape only: each frame keeps its energy
+            log_env = self._normalised(log_env, np.sqrt(energy) * active, j0)
             prm = self.frame_params(source_key, ja)
-            fa = frames[active]
-            a = _lpc(fa, p)
-            a_new = _warp_poles(a, prm[:, 0], prm[:, 1])
-            long = buf[hop + np.arange(4 * hop)[None, :] + pos[active]]  # 40 ms around each frame's centre
+            env = self._envelope(log_env, prm)
+            cep = np.fft.irfft(env, NFFT, axis=1)  # minimum-phase filter of that magnitude
+            cep[:, 1:NFFT // 2] *= 2.0
+            cep[:, NFFT // 2 + 1:] = 0.0
+            filt = np.exp(np.fft.rfft(cep, NFFT, axis=1))
+            # voicing: normalised autocorrelation of the LPC residual over 40 ms around the frame's centre
             rate = self.sample_rate_hz
-            lags = np.arange(rate // 400, rate // 70 + 1)
-            long_res = np.stack([lfilter(a[k], [1.0], long[k])[p:] for k in range(fa.shape[0])])
-            voicing = np.clip((_periodicity(long_res, lags) - 0.35) / 0.3, 0.0, 1.0)
-            synth = np.empty_like(fa)
-            for k in range(fa.shape[0]):
-                residual = lfilter(a[k], [1.0], fa[k])
-                w = float(voicing[k])
-                if w > 0.0:  # voiced: a pulse train at the keyed f0 on a stream-global lattice
-                    period, first = rate / prm[k, 2], (int(ja[k]) - 1) * hop
-                    m = np.arange(math.ceil(first / period), math.floor((first + win - 1) / period) + 1)
-                    at = np.round(m * period).astype(np.int64) - first
-                    pulses = np.zeros(win)
-                    pulses[at[(at >= 0) & (at < win)]] = 1.0
-                    pulses *= window
-                    pe, re = float(pulses @ pulses), float(residual @ residual)
-                    if pe > 0.0:
-                        residual = (1.0 - w) * residual + w * pulses * math.sqrt(re / pe)
-                synth[k] = lfilter([1.0], a_new[k], residual)
+            long = buf[hop + np.arange(4 * hop)[None, :] + pos[idx]]
+            long_res = np.stack([lfilter(a[k], [1.0], long[i])[p:] for i, k in enumerate(idx)])
+            voicing = np.zeros(n_frames)
+            voicing[idx] = np.clip((_periodicity(long_res, np.arange(rate // 400, rate // 70 + 1)) - 0.35) / 0.3,
+                                   0.0, 1.0)
+            first = (ja - 1) * hop  # stream sample of each frame's first sample
+            noise = self._noise(source_key, int(first[0]), int(first[-1]) + win)
+            noise = noise[np.arange(win)[None, :] + (first - first[0])[:, None]] * window
+            pulses = np.zeros((n_frames, win))
+            for k in idx[voicing[idx] > 0.0]:  # a pulse train at the keyed f0 on a stream-global lattice
+                period = rate / prm[k, 2]
+                m = np.arange(math.ceil(first[k] / period), math.floor((first[k] + win - 1) / period) + 1)
+                at = np.round(m * period).astype(np.int64) - first[k]
+                pulses[k, at[(at >= 0) & (at < win)]] = 1.0
+            pulses *= window
+            pe, ne = (np.einsum("ij,ij->i", e, e) for e in (pulses, noise))
+            v = voicing[:, None]
+            source = (np.sqrt(1.0 - v * v) * noise / np.sqrt(np.maximum(ne, 1e-20))[:, None]
+                      + v * pulses / np.sqrt(np.maximum(pe, 1e-20))[:, None])
+            synth = np.fft.irfft(np.fft.rfft(source, NFFT, axis=1) * filt, NFFT, axis=1)
             e_out = np.einsum("ij,ij->i", synth, synth)
-            synth *= np.sqrt(energy[active] / np.maximum(e_out, 1e-20))[:, None]
-            full[active] = synth
-        out = np.zeros((n_frames + 1) * hop)
-        _overlap_add(out, full, hop)
+            synth *= (np.sqrt(energy / np.maximum(e_out, 1e-20)) * active)[:, None]
+            for k in idx:
+                out[k * hop:k * hop + NFFT] += synth[k]
         lo = start - (j0 - 1) * hop
         return out[lo:lo + n].astype(np.float32)
 
@@ -309,7 +393,8 @@ def anonymiser(policy: VoicePolicy, secret: bytes | None, sample_rate_hz: int = 
 
     return VoiceAnonymiser(secret if secret is not None else os.urandom(32), sample_rate_hz=sample_rate_hz,
                            segment_s=policy.segment_s, alpha_range=policy.mcadams_alpha_range,
-                           warp_range=policy.vtln_warp_range, f0_range_hz=policy.f0_range_hz)
+                           warp_range=policy.vtln_warp_range, f0_range_hz=policy.f0_range_hz,
+                           timbre_db=policy.timbre_db, norm_s=policy.envelope_norm_s)
 
 
 def voice_transform(policy: VoicePolicy, sample_rate_hz: int = 16000,
@@ -341,7 +426,7 @@ class VoicePolicyOperator(TableOperator[VoicePolicyConfig]):
     """Apply the voice policy to MFCC tables (``event_id, t_ns, frame_index, mfcc``).
 
     Output: the input columns minus any raw-waveform column, plus ``deid`` (method
-    ``waveform_dropped``, the anonymiser's ``voiceanon@2/...`` name or ``dropped``; detector ``none``;
+    ``waveform_dropped``, the anonymiser's ``voiceanon@3/...`` name or ``dropped``; detector ``none``;
     count 0). ``drop``: zero rows, same schema. ``anonymise``: the input must carry the
     ``VOICE_TRANSFORM_META`` marker of the policy's transform, else ComplianceError.
     """

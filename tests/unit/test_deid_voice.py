@@ -40,7 +40,7 @@ def test_default_policy_anonymises_voices():
     """MFCCs of an un-anonymised voice are biometric data: the default never stores them."""
     assert VoicePolicy().action == "anonymise"
     tf = voice_transform(VoicePolicy(), secret=b"k" * 32)
-    assert isinstance(tf, VoiceAnonymiser) and tf.name.startswith("voiceanon@2/")
+    assert isinstance(tf, VoiceAnonymiser) and tf.name.startswith("voiceanon@3/")
     with pytest.raises(ComplianceError):
         VoicePolicyOperator().process(mfcc_table())  # untransformed MFCCs under the default policy
 
@@ -142,7 +142,8 @@ def test_voice_transform_hook_only_for_anonymise():
     pol = VoicePolicy(action="anonymise", mcadams_alpha_range=(0.7, 0.8), segment_s=2.0)
     tf = voice_transform(pol, secret=b"k" * 32)
     assert isinstance(tf, VoiceAnonymiser) and tf.alpha_range == (0.7, 0.8) and tf.segment == 32000
-    assert tf.name.startswith("voiceanon@2/seg=2s/alpha=0.70..0.80/") and "k" * 8 not in tf.name
+    assert tf.name.startswith("voiceanon@3/seg=2s/alpha=0.70..0.80/") and "k" * 8 not in tf.name
+    assert "/timbre=10dB/norm=3s/" in tf.name and tf.timbre_db == 10.0
     import pickle
 
     back = pickle.loads(pickle.dumps(tf))  # travels to Ray workers, key included
@@ -199,8 +200,10 @@ def test_parameters_differ_between_utterances_and_tenant_keys():
     a, b = VoiceAnonymiser(b"tenant-a" * 4), VoiceAnonymiser(b"tenant-b" * 4)
     pa_ = np.stack([a.params("s1/mic", k) for k in range(8)])
     assert len({tuple(r) for r in pa_.round(6)}) == 8  # every utterance its own draw
-    assert np.ptp(pa_[:, 0]) > 0.1 and np.ptp(pa_[:, 1]) > 0.1 and np.ptp(pa_[:, 2]) > 30  # alpha, warp, f0 (Hz)
-    assert (pa_[:, 0] >= 0.55).all() and (pa_[:, 0] <= 1.0).all() and (np.abs(pa_[:, 1]) <= 0.2).all()
+    assert pa_.shape == (8, 9)  # alpha, warp, f0 (Hz), six envelope-shape terms (dB)
+    assert np.ptp(pa_[:, 0]) > 0.1 and np.ptp(pa_[:, 1]) > 0.1 and np.ptp(pa_[:, 2]) > 30
+    assert (pa_[:, 0] >= 0.8).all() and (pa_[:, 0] <= 1.0).all() and (np.abs(pa_[:, 1]) <= 0.2).all()
+    assert (np.abs(pa_[:, 3:]) <= 10.0).all() and np.ptp(pa_[:, 3:], axis=0).min() > 5.0
     pb = np.stack([b.params("s1/mic", k) for k in range(8)])
     assert not np.isclose(pa_, pb).all(axis=1).any()  # another tenant: other draws
     assert not np.allclose(a.params("s1/mic", 0), a.params("s1/room", 0))  # another source: other draws
@@ -225,6 +228,43 @@ def test_anonymiser_output_does_not_depend_on_chunking():
     assert not np.array_equal(tf(x, 0, "s1/other"), whole)  # the source is part of the key
     assert not np.array_equal(VoiceAnonymiser(b"j" * 32, segment_s=1.0)(x, 0, "s1/mic"), whole)
     assert np.array_equal(tf(np.zeros(800, np.float32), 0, "s"), np.zeros(800, np.float32))
+
+
+def ltas_db(x: np.ndarray) -> np.ndarray:
+    """Long-term average spectrum (dB) of 20 ms frames, in 16 bands of 500 Hz."""
+    n = len(x) // 320 * 320
+    spec = (np.abs(np.fft.rfft(x[:n].reshape(-1, 320) * np.hanning(320), axis=1)) ** 2).mean(axis=0)
+    return 10 * np.log10(np.add.reduceat(spec[:160], np.arange(0, 160, 10)) + 1e-12)
+
+
+def test_speaker_average_timbre_is_removed():
+    """A fixed colouring of the input (a channel, or a speaker's average timbre) does not reach the output."""
+    from scipy.signal import lfilter
+
+    x = speech()
+    coloured = lfilter([1.0, -0.9], [1.0], x).astype(np.float32)  # +17 dB at 7 kHz relative to 250 Hz
+    coloured *= np.abs(x).max() / np.abs(coloured).max()
+    tilt = lambda s: ltas_db(s)[12:].mean() - ltas_db(s)[:2].mean()  # noqa: E731  6-8 kHz vs 0-1 kHz
+    given = tilt(coloured) - tilt(x)
+    assert given > 15.0
+    tf = VoiceAnonymiser(b"k" * 32)
+    ya, yb = tf(x, 0, "s1/mic"), tf(coloured, 0, "s1/mic")
+    assert abs(tilt(yb) - tilt(ya)) < 0.25 * given  # nearly the same pseudo-voice from both
+    assert np.abs(ltas_db(ya) - ltas_db(yb)).mean() < 2.5
+    plain = VoiceAnonymiser(b"k" * 32, norm_s=0.0)  # without the normalisation the colouring passes
+    assert tilt(plain(coloured, 0, "s1/mic")) - tilt(plain(x, 0, "s1/mic")) > 10.0
+
+
+def test_source_is_replaced_by_the_keyed_monotone_pitch():
+    tf = VoiceAnonymiser(b"k" * 32)
+    f0 = tf.params("s1/mic", 0)[2]
+    speaker_f0 = 220.0 if f0 < 150.0 else 90.0
+    x = vowel_like(1.0, f0=speaker_f0)
+    y = tf(x, 0, "s1/mic")[2000:14000].astype(np.float64)
+    r = np.fft.irfft(np.abs(np.fft.rfft(y, 2 * y.size)) ** 2)[: RATE // 60]
+    lag = np.argmax(r[RATE // 400:]) + RATE // 400
+    assert RATE / lag == pytest.approx(f0, rel=0.03) and abs(RATE / lag - speaker_f0) > 50.0
+    assert (np.abs(y) > 0).mean() > 0.99  # keyed noise and pulses through the envelope: no gaps
 
 
 def write_wav(path, x: np.ndarray) -> None:
@@ -278,7 +318,7 @@ def test_anonymised_voice_is_below_the_same_speaker_threshold_for_both_attackers
 
     enc = rz.VoiceEncoder("cpu", verbose=False)
     emb = lambda x: enc.embed_utterance(rz.preprocess_wav(x, RATE))  # noqa: E731
-    tenant, attacker = VoiceAnonymiser(ev.TENANT_KEY), VoiceAnonymiser(ev.ATTACKER_KEY)
+    tenant, attacker = (voice_transform(VoicePolicy(), secret=key) for key in (ev.TENANT_KEY, ev.ATTACKER_KEY))
     orig = {(s, i): emb(u.samples) for s, us in corpus.items() for i, u in enumerate(us)}
     anon = {(s, i): emb(tenant(u.samples, 0, f"t/{s}/{i}")) for s, us in corpus.items() for i, u in enumerate(us)}
     att = {(s, i): emb(attacker(u.samples, 0, f"a/{s}/{i}")) for s, us in corpus.items() for i, u in enumerate(us)}
