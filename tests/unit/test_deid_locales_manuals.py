@@ -31,6 +31,9 @@ def test_born_digital_direct_identifiers_across_locales():
     assert r["direct_n"] >= 600 and len(r["locales"]) >= 12
     assert r["direct_recall"] >= 0.98, r["missed"]
     assert r["per_kind"]["person"]["recall"] >= 0.95, r["missed"].get("person")
+    # addresses and national ids of every locale's own format (not direct identifiers, still personal data)
+    assert r["per_kind"]["address"]["recall"] >= 0.95, r["missed"].get("address")
+    assert r["per_kind"]["national_id"]["recall"] >= 0.9, r["missed"].get("national_id")
 
 
 def test_printed_and_scanned_pages_in_four_fonts(locale_ocr):
