@@ -41,7 +41,8 @@ from modalign.operators.deid.name_lexicon import is_common_word
 
 _UP = "A-ZÀ-ÖØ-ÞĀ-ſ"  # Latin capitals (Latin Extended-A mixes cases; the lower-case pattern requires a lower one)
 _LO = "a-zß-öø-ÿĀ-ſ"
-_WORD = rf"(?:(?:'s-|'t[ ])?[{_UP}][{_LO}{_UP}'’.-]*|\d{{1,2}}[ªº])"  # also an ordinal: "1ª Seção"  # a capitalised word: "Poirier-sur-Mer", "D'Ete", "St."
+# a capitalised word ("Poirier-sur-Mer", "D'Ete", "St.", "'s-Heer", "'t Goy"), or an ordinal ("1ª Seção")
+_WORD = rf"(?:(?:'s-|'t[ ])?[{_UP}][{_LO}{_UP}'’.-]*|\d{{1,2}}[ªº])"
 _PARTICLE = r"(?:de|del|de la|di|da|do|dos|das|du|des|le|la|les|am|an|im|in der|van|von|y|e|sur|en|aan|op|'s)"
 _NAME = rf"{_WORD}(?:[ ](?:{_PARTICLE}[ ])?{_WORD}){{0,3}}"  # 1-4 capitalised words, particles between
 _HOUSE = r"\d{1,5}[A-Za-z]?(?:[/-]\d{1,5}[A-Za-z]?)?"  # 12, 12a, 22-15, 79/19
@@ -59,7 +60,9 @@ _STREET_EN = re.compile(
 # The type word first: French, Spanish, Italian, Portuguese, Polish, Romanian ("Rua Gomes", "ul. Kołłątaja")
 _PREFIX_TYPES = (
     r"[Rr]ue|[Aa]venue|[Aa]v\.|[Bb]oulevard|[Bb]d|[Aa]llée|[Ii]mpasse|[Cc]hemin|[Qq]uai|[Cc]ours|"
-    r"Calle|C/|C\.|Callejón|Acceso|Barranco|Carrer|Avinguda|Plaça|Passeig|Rambla|Pasadizo|Cañada|Bajada|Subida|Senda|Polígono|Avenida|Avda\.?|Paseo|Plaza|Camino|Carretera|Ronda|Cuesta|Vial|Travesía|Pasaje|Glorieta|Urbanización|"
+    r"Calle|C/|C\.|Callejón|Acceso|Barranco|Carrer|Avinguda|Plaça|Passeig|Rambla|Pasadizo|Cañada|Bajada|Subida|"
+    r"Senda|Polígono|Avenida|Avda\.?|Paseo|Plaza|Camino|Carretera|Ronda|Cuesta|Vial|Travesía|Pasaje|Glorieta|"
+    r"Urbanización|"
     r"Viale|Piazza|Piazzale|Corso|Vicolo|Strada|Incrocio|Contrada|Borgo|Rotonda|Canale|Lungomare|Largo|Via|"
     r"Rua|Travessa|Praça|Pátio|Largo|Área|Fazenda|Sítio|Chácara|Condomínio|Viela|Ladeira|Beco|Lagoa|Vereda|Trecho|"
     r"Núcleo|Alameda|Estrada|Rodovia|Conjunto|Favela|Quadra|Vila|Setor|Loteamento|Residencial|"
@@ -103,11 +106,13 @@ _CITY = rf"(?:{_PARTICLE}[ ])?{_WORD}(?:[ ](?:{_PARTICLE}[ ]){{0,2}}{_WORD}){{0,
 _EIRCODE = r"(?<![\w])[A-Z]\d{2}[ ]?[A-Z\d]{4}(?![\w])"
 _POSTCODES = (
     # (shape, needs a street part before it)
-    (re.compile(rf"(?<![\w.,-])(?:[A-Z]{{1,2}}-)?\d{{5}}(?:-\d{{3}})?,?[ ]+{_CITY}"), False),  # DE FR ES IT TR, BR 95896-935
+    # DE FR ES IT TR (5 digits), BR 95896-935
+    (re.compile(rf"(?<![\w.,-])(?:[A-Z]{{1,2}}-)?\d{{5}}(?:-\d{{3}})?,?[ ]+{_CITY}"), False),
     (re.compile(rf"(?<![\w.,-])\d{{4}}[ ]?[A-Z]{{2}}(?![\w]),?(?:[ ]+{_CITY})?"), False),  # NL 1012 TX
     (re.compile(rf"(?<![\w.,-])\d{{2}}-\d{{3}}[ ]+{_CITY}"), False),  # PL 02-931
     (re.compile(rf"(?<![\w.,-])\d{{4}}-\d{{3}}[ ]+{_CITY}"), False),  # PT 1250-096
-    (re.compile(rf"(?<![\w.-]){_CITY}(?<=[{_LO}]{{2}})(?:[ ]?-[ ]?|[ ])\d{{6}}(?![\w])"), False),  # IN Nandyal-833788, Mumbai 307666
+    # IN PIN after its city: Nandyal-833788, Mumbai 307666 (not "W 223490")
+    (re.compile(rf"(?<![\w.-]){_CITY}(?<=[{_LO}]{{2}})(?:[ ]?-[ ]?|[ ])\d{{6}}(?![\w])"), False),
     (re.compile(r"(?<![\w])(?:APO|FPO|DPO)[ ]+(?:AA|AE|AP)[ ]+\d{5}(?![\w])"), False),  # US military mail
     (re.compile(rf"(?<![\w.,-])\d{{8}}[ ]+{_CITY}"), True),  # BR 74833788
     (re.compile(rf"(?<![\w.,-])\d{{4}},?[ ]+{_CITY}"), True),  # NO DK CH AT BE AU: also "1998 Berlin"
@@ -131,7 +136,8 @@ _NOT_CITY = frozenset(
 
 # Parts an address grows over (each one after ", " or " ")
 _UNIT_WORD = (r"(?:Apt|Apartment|Appartamento|Appartement|Apto|Piso|Suite|Ste|Unit|Flat|Floor|Fl|Studio|Interno|Int|"
-              r"Scala|Puerta|Escalera|Esc|Portal|Bajo|Bloco|Casa|Lote|H\.[ ]?No|House[ ]No|No|Nr|Nº|Bl|Blok|Daire|Kat|Box|PSC|CMR)\.?:?")
+              r"Scala|Puerta|Escalera|Esc|Portal|Bajo|Bloco|Casa|Lote|H\.[ ]?No|House[ ]No|No|Nr|Nº|Bl|Blok|Daire|Kat|"
+              r"Box|PSC|CMR)\.?:?")
 _UNIT = rf"{_UNIT_WORD}[ ]*#?[ ]*[\w/-]{{1,6}}"
 _GROW_RIGHT = re.compile(
     rf"(?:,[ ]*|[ ]+)(?:(?P<unit>{_UNIT})|(?P<num>{_HOUSE}|\d{{6}})(?![\w])|(?P<code>\([A-Z]{{2}}\)|/[ ]?[A-Z]{{2}}\b)"

@@ -70,8 +70,8 @@ import pyarrow as pa
 from pydantic import Field
 
 from modalign.operators.base import OperatorConfig, TableOperator
-from modalign.operators.deid.faces import (_stream_key, anonymise_region, event_ids, first_str, frame_array, frames_like, region_schema,
-                                  tensor_view, with_regions)
+from modalign.operators.deid.faces import (_stream_key, anonymise_region, event_ids, first_str, frame_array,
+                                           frames_like, region_schema, tensor_view, with_regions)
 from modalign.operators.deid.names import load_nlp
 from modalign.operators.deid.recognisers import RULES_VERSION, detect_batch, detector_name
 from modalign.operators.dependencies import binary, missing, require_tesseract_langs

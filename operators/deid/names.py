@@ -516,7 +516,8 @@ def _terms(batch_text: str) -> tuple[frozenset[str], dict[str, set[str]]]:
     return frozenset(terms), camel
 
 
-def _propagate(repaired: str, index: list[int], names: dict[str, tuple[str, float]], batch_text: str = "") -> list[PiiSpan]:
+def _propagate(repaired: str, index: list[int], names: dict[str, tuple[str, float]],
+               batch_text: str = "") -> list[PiiSpan]:
     """Occurrences of names found anywhere in the batch (and their parts) in this block."""
     out = []
     nlp_vocab = load_nlp().vocab
