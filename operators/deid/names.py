@@ -127,6 +127,20 @@ _NAME_BEFORE_VERB = re.compile(
 _CUE_NAME = re.compile(
     rf"(?i:\b(?:{_PERSON_CUES}))[:,]?[ ]+(?P<name>{_TITLE_WORD}(?:[ ][A-Z]\.)?[ ]{_TITLE_WORD})(?![\w@])"
 )
+# ... and an initial with a surname after such a cue ("Signed: J. Smith", "cc: M. Okafor")
+_CUE_INITIAL = re.compile(
+    rf"(?i:\b(?:{_PERSON_CUES}))[:,]?[ ]+(?P<name>(?:[A-Z]\.[ ]?){{1,2}}[ ]?{_TITLE_WORD})(?![\w@])"
+)
+# Forms and lists write the surname first ("Müller, Hans", "Smith, John", "DUPONT Jean") or
+# everything in capitals ("HANS MÜLLER"): the given name must be one of the list, the surname
+# no given name ("Paris, France" is a place)
+_INVERTED = re.compile(
+    rf"(?<![\w@.,])(?P<last>[{_UP}][{_NAME_LETTERS}{_UP}]+(?:-[{_UP}][{_NAME_LETTERS}{_UP}]+)?),[ ]"
+    rf"(?P<first>{_TITLE_WORD})(?:[ ](?P<mid>[A-Z]\.|{_TITLE_WORD}))?(?![\w@])"
+)
+_CAPS_SURNAME_FIRST = re.compile(rf"(?<![\w@.])(?P<last>[{_UP}]{{2,}}(?:-[{_UP}]{{2,}})?)[ ](?P<first>{_TITLE_WORD})(?![\w@])")
+_ALL_CAPS_NAME = re.compile(rf"(?<![\w@.])(?P<first>[{_UP}]{{2,}}(?:-[{_UP}]{{2,}})?)[ ](?P<last>[{_UP}]{{2,}}(?:-[{_UP}]{{2,}})?)"
+                            rf"(?![\w@])")
 _SPLIT_INITIAL = re.compile(rf"(?<![\w])([A-Z]) ([{_LO}]{{2,}})(?=(\s+[A-Z])?)")
 
 
@@ -236,6 +250,10 @@ def _extends_name(word: str) -> bool:
     k = word.casefold()
     return (not is_common_word(word) and k not in _COMMON_TITLE and k not in _NOT_SURNAME and k not in _MONTH_ABBR
             and looks_like_name_shape([word]))
+
+
+def _extends_or_initial(word: str) -> bool:
+    return bool(re.fullmatch(r"[A-Z]\.", word)) or _extends_name(word)
 
 
 def _context_name_ok(text: str, start: int, end: int) -> bool:
@@ -410,6 +428,36 @@ def _person_spans(repaired: str, index: list[int], doc: Any, original: str) -> l
         if (is_given_name(first) and not is_common_word(mid) and mid not in _PARTICLES and not is_common_word(last)
                 and looks_like_name_shape([first, last]) and same_line(m.start("first"), m.end("last"))
                 and unrepaired(m.start("first"), m.end("last"))):
+            add(m.start("first"), m.end("last"), SCORES["person_context"])
+    for m in _CUE_INITIAL.finditer(repaired):
+        last = m.group("name").split()[-1].split(".")[-1]
+        if last.casefold() not in _COMMON_TITLE and last.casefold() not in _NOT_SURNAME and looks_like_name_shape([last]):
+            add(m.start("name"), m.end("name"), SCORES["person_context"])
+    for m in _INVERTED.finditer(repaired):
+        last, first = m.group("last"), m.group("first")
+        # a surname that is also a word ("Smith", not "Manual") needs a very common given name
+        if (is_given_name(first) and not is_given_name(last) and last.casefold() not in _COMMON_TITLE
+                and (not is_common_word(last) or first.casefold() in GIVEN_NAMES) and first not in _PARTICLES
+                and last.casefold() not in _NOT_SURNAME and first.casefold() not in _NOT_SURNAME
+                and looks_like_name_shape([last.title(), first]) and same_line(m.start("last"), m.end())):
+            end = m.end("mid") if m.group("mid") and _extends_or_initial(m.group("mid")) else m.end("first")
+            add(m.start("last"), end, SCORES["person_context"])
+    for m in _CAPS_SURNAME_FIRST.finditer(repaired):
+        last, first = m.group("last"), m.group("first")
+        # a form's field ("Nom : DUPONT Jean", a line's start), not running text ("USA John")
+        field = m.start() == 0 or re.search(r"[:;(\"“][ ]*$", repaired[max(0, m.start() - 4):m.start()]) or (
+            index[m.start()] > 0 and original[index[m.start()] - 1] == "\n")
+        if (field and is_given_name(first) and not is_common_word(last) and not is_given_name(last)
+                and last.casefold() not in _COMMON_TITLE and len(last) >= 2):
+            add(m.start("last"), m.end("first"), SCORES["person_context"])
+    for m in _ALL_CAPS_NAME.finditer(repaired):
+        first, last = m.group("first"), m.group("last")
+        # both at least three letters with a vowel, not glued to code ("BLK_TA_FRONTMERGE", "NOI XML")
+        if (len(first) >= 3 and len(last) >= 3 and all(re.search(r"[AEIOUYÀ-ÖØ-Ý]", w) for w in (first, last))
+                and "_" not in repaired[max(0, m.start() - 1):m.end() + 1]
+                and is_given_name(first) and not is_common_word(last) and last.casefold() not in _COMMON_TITLE
+                and first.casefold() not in _NOT_SURNAME and last.casefold() not in _NOT_SURNAME
+                and last.casefold() not in _MONTH_ABBR):
             add(m.start("first"), m.end("last"), SCORES["person_context"])
     for m in _HAN_NAME.finditer(repaired):
         add(m.start(), m.end(), SCORES["person_context"])

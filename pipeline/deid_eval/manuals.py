@@ -107,8 +107,9 @@ def _span_ok(kind: str, text: str, labels: list[str]) -> bool:
     flat = " ".join(text.split())
     if kind == "person":
         k = _key(flat)
-        return len(k) >= 3 and any(k in _key(lab) or _key(lab) in k for lab in labels if "@" not in lab
-                                   and " at " not in lab)
+        words = {_key(w) for w in re.split(r"[\s,]+", flat) if _key(w)}  # "Essick, Raymond B.": any order
+        return len(k) >= 3 and any(k in _key(lab) or _key(lab) in k or words <= {_key(w) for w in lab.split()}
+                                   for lab in labels if "@" not in lab and " at " not in lab)
     if kind == "email":
         return bool(re.search(r"\S[ ]*(?:@|\bat\b|\bAT\b|\(at\))[ ]*\S+\.\S", flat))
     if kind == "ip":

@@ -519,6 +519,27 @@ def test_names_with_surname_particles_and_accented_surnames_that_fold_to_words()
     assert _found("The Banque de France and the Tour de France met at Gare de Lyon; Hotel van Gogh.") == []
 
 
+@pytest.mark.parametrize("text,name", [
+    ("Name: Müller, Hans", "Müller, Hans"),  # surname first, as forms and lists write it
+    ('From: "Smith, John" <jsm@corp.example>', "Smith, John"),
+    ("Knuth, Donald E. wrote it", "Donald E."),  # a surname that is also a given name stays (known limit)
+    ("HANS MÜLLER\nSENIOR ENGINEER", "HANS MÜLLER"),  # a letterhead in capitals
+    ("Nom : DUPONT Jean", "DUPONT Jean"),
+    ("Signed: J. Smith", "J. Smith"),  # an initial and a surname after a cue
+])
+def test_names_in_form_order_capitals_and_initials(text, name):
+    assert (name, "person") in _found(text)
+
+
+@pytest.mark.parametrize("text", [
+    "Paris, France and Berlin, Germany.",  # a place and its country: the "surname" is a given name
+    "Flags TA FRONTMERGE and BLK_TA_REMAP; Nemetschek NOI XML export.",  # capitals of code and formats
+    "See Section 3, Figure 2. PDF Maria. USA John.",  # capitals in running text are no surname field
+])
+def test_form_order_and_capital_rules_reject_places_and_code(text):
+    assert [v for v, k in _found(text) if k == "person"] == []
+
+
 def test_people_stay_names_beside_term_like_phrases():
     """A surname after an article before a kin noun, or before a verb that is also a noun, is a person's."""
     assert ("John Smith", "person") in _found("The Smith family visited. John Smith said so.")
