@@ -406,18 +406,31 @@ def _find_addresses(text: str) -> Iterable[PiiSpan]:
 
 _MONTHS = (
     r"Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?|Sep(?:t(?:ember)?)?|"
-    r"Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?|Januar|Februar|März|Mai|Juni|Juli|Oktober|Dezember"
+    r"Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?|Januar|Februar|März|Mai|Juni|Juli|Oktober|Dezember|"
+    # fr, es, it, pt, nl, pl (genitive), tr, nb/da, sv: in lower case too ("3 mars 1986", "14 de marzo de 1986")
+    r"(?i:janvier|février|fevrier|mars|avril|juin|juillet|août|aout|septembre|octobre|novembre|décembre|decembre|"
+    r"enero|febrero|marzo|abril|mayo|junio|julio|agosto|septiembre|setiembre|octubre|noviembre|diciembre|"
+    r"gennaio|febbraio|aprile|maggio|giugno|luglio|settembre|ottobre|dicembre|"
+    r"janeiro|fevereiro|março|maio|junho|julho|setembro|outubro|dezembro|"
+    r"januari|februari|maart|mei|augustus|mai|"
+    r"stycznia|lutego|marca|kwietnia|maja|czerwca|lipca|sierpnia|września|października|listopada|grudnia|"
+    r"ocak|şubat|mart|nisan|mayıs|haziran|temmuz|ağustos|eylül|ekim|kasım|aralık|"
+    r"januar|februar|juni|juli|oktober|desember|mars|maj|augusti)"
 )
 _DATE = re.compile(
     r"(?<![\w.])(?:"
     r"\d{1,2}[./-]\d{1,2}[./-](?:\d{4}|\d{2})"  # 14/03/1986, 14.03.86, 3-14-1986
     r"|\d{4}-\d{2}-\d{2}"  # 1986-03-14
-    rf"|\d{{1,2}}(?:st|nd|rd|th)?\.?[ ]+(?:{_MONTHS})\.?,?[ ]+\d{{4}}"  # 14 March 1986, 14. März 1986
+    rf"|\d{{1,2}}(?:st|nd|rd|th|er|º)?\.?[ ]+(?:de[ ]+)?(?:{_MONTHS})\.?,?[ ]+(?:de[ ]+)?\d{{4}}"  # 14 March 1986, 14 de marzo de 1986
     rf"|(?:{_MONTHS})\.?[ ]+\d{{1,2}}(?:st|nd|rd|th)?,?[ ]+\d{{4}}"  # March 14, 1986
     r")(?![\w]|[./-]\d)"
 )
 _DOB_CUE = re.compile(
-    r"(?:\bborn\b|\bd\.?\s?o\.?\s?b\b\.?|date\s+of\s+birth|birth\s*date|birthday|\bgeb(?:oren|urtsdatum)?\b\.?)",
+    r"(?:\bborn\b|\bd\.?\s?o\.?\s?b\b\.?|date\s+of\s+birth|birth\s*date|birthday|\bgeb(?:oren|urtsdatum)?\b\.?|"
+    # fr, es, it, pt, nl, pl, tr, nb/da/sv
+    r"\bn[ée]e?\s+le\b|date\s+de\s+naissance|fecha\s+de\s+nacimiento|\bnacid[oa]\b|data\s+di\s+nascita|"
+    r"\bnat[oa]\s+il\b|data\s+de\s+nascimento|\bnascid[oa]\b|geboortedatum|\bgeboren\b|data\s+urodzenia|"
+    r"\burodzon[ya]\b|doğum\s+tarihi|\bfødselsdato\b|\bfødt\b|\bfödd\b|födelsedatum)",
     re.IGNORECASE,
 )
 DOB_CUE_WINDOW = 40  # characters between the cue's end and the date's start

@@ -270,6 +270,11 @@ def test_name_in_multiline_block_found_and_title_heading_kept():
         ("DOB: 03/14/1986", "03/14/1986", "date_of_birth"),
         ("Date of birth:\n1986-03-14", "1986-03-14", "date_of_birth"),
         ("Geburtsdatum: 14.03.1986", "14.03.1986", "date_of_birth"),
+        ("Née le 3 mars 1986 à Lyon", "3 mars 1986", "date_of_birth"),  # birth cues and months of many languages
+        ("Fecha de nacimiento: 14 de marzo de 1986", "14 de marzo de 1986", "date_of_birth"),
+        ("Nato il 14 maggio 1979 a Roma", "14 maggio 1979", "date_of_birth"),
+        ("Data urodzenia: 14 marca 1986", "14 marca 1986", "date_of_birth"),
+        ("Født 14. mai 1986 i Bergen", "14. mai 1986", "date_of_birth"),
         ("SSN 536-22-7812 on file", "536-22-7812", "national_id"),
         ("SSN: 536227812", "536227812", "national_id"),
         ("NI number AB 12 34 56 C", "AB 12 34 56 C", "national_id"),
