@@ -22,9 +22,11 @@ Precision trade-offs (measured by ``modalign.pipeline.deid_eval``):
   ``min_scores.person`` to 0.7 to switch both off.
 - ``address``: see ``addresses``. Score 0.6, the lowest: raise ``min_scores.address`` above
   it to switch it off.
-- ``date_of_birth``: only a date (numeric, ISO, or with an English/German month name)
-  whose preceding 40 characters (one line break at most) hold a cue: born, DOB, D.O.B.,
-  date of birth, birth date, birthday, geb./geboren/Geburtsdatum. A birth date without a
+- ``date_of_birth``: only a date (numeric, ISO, or with a month name of English, German,
+  French, Spanish, Italian, Portuguese, Dutch, Polish, Turkish or the Scandinavian languages)
+  whose preceding 40 characters (one line break at most) hold a birth cue in one of them:
+  born, DOB, date of birth, Geburtsdatum, née le, fecha de nacimiento, nato il, data
+  urodzenia, doğum tarihi, født ... A birth date without a
   cue (a bare column of dates) is missed; other dates near a cue ("born in 1980, joined
   on 3 May 2015") are hit.
 - ``national_id``: see ``national_ids``.
