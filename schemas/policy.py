@@ -88,7 +88,7 @@ class VoicePolicy(_Strict):
         description="anonymise: utterance length on the stream's sample clock; each utterance draws its own parameters",
     )
     mcadams_alpha_range: tuple[float, float] = Field(
-        (1.0, 1.0), description="anonymise: per-utterance McAdams range; frequency w (rad) becomes pi (w/pi)**alpha",
+        (0.8, 1.0), description="anonymise: per-utterance McAdams range; frequency w (rad) becomes pi (w/pi)**alpha",
     )
     vtln_warp_range: tuple[float, float] = Field(
         (-0.2, 0.2), description="anonymise: per-utterance all-pass (VTLN) warp range; > 0 moves formants up",

@@ -10,8 +10,8 @@ Policy actions (``modalign.schemas.policy.VoicePolicy``):
 - ``anonymise`` (default): the waveform is re-synthesised by ``VoiceAnonymiser`` *before* the
   MFCCs are computed (a hook in the audio ingest, inside the worker process). The speaker's
   average spectral envelope (over ``envelope_norm_s``) is removed, and every utterance
-  (``segment_s`` of the stream's sample clock) gets its own VTLN warp (and McAdams coefficient,
-  if the policy gives a range), envelope shape and monotone pitch on a synthetic source (pulses + noise), drawn from
+  (``segment_s`` of the stream's sample clock) gets its own McAdams coefficient, VTLN warp,
+  envelope shape and monotone pitch on a synthetic source (pulses + noise), drawn from
   HMAC-SHA256 of the tenant's voice sub-key, the
   source (``session/source``) and the utterance index: so the pseudo-voice differs between
   utterances of one speaker (an attacker who anonymises enrolment speech with the same
@@ -26,10 +26,11 @@ Policy actions (``modalign.schemas.policy.VoicePolicy``):
 
 Measured by ``modalign.pipeline.deid_eval.voice`` (``benchmarks/voice_linkability.py``):
 resemblyzer EER of the ignorant and lazy-informed attackers, pocketsphinx WER before/after.
-voiceanon@3 on 15 voices: EER 41.7 % / 44.7 % (50 % is chance; 7.8 % before), WER 44.4 % ->
-71.3 %: the keyed envelope shapes and warps that defeat the speaker encoder also cost
-recognition accuracy (see the report); McAdams alphas 0.8..1 on top cost 7.6 points more WER for
-under 1 point of EER, so the default range is 1..1 (VTLN only). Without the envelope
+voiceanon@3 on 15 voices (6 sentences each synthetic voice): EER 41.9 % / 45.6 % (50 % is
+chance; 7.8 % before), WER 44.6 % -> 78.9 %: the keyed envelope shapes and warps that defeat the
+speaker encoder also cost recognition accuracy (see the report). With the McAdams range 1..1
+(VTLN only) WER was 71.3 % and the EERs 41.7 % / 44.7 %, but the ignorant EER fell to 37.5-38.1 %
+on either 3-sentence half of the corpus (41.7 % and 42.3 % with 0.8..1). Without the envelope
 normalisation and envelope shape (``envelope_norm_s=0``, ``timbre_db=0``), measured on 8 of the
 voices, WER was 54 % but the EERs 26 % / 30 %.
 
@@ -211,7 +212,7 @@ class VoiceAnonymiser:
     """
 
     def __init__(self, secret: bytes, sample_rate_hz: int = 16000, segment_s: float = 4.0,
-                 alpha_range: tuple[float, float] = (1.0, 1.0), warp_range: tuple[float, float] = (-0.2, 0.2),
+                 alpha_range: tuple[float, float] = (0.8, 1.0), warp_range: tuple[float, float] = (-0.2, 0.2),
                  f0_range_hz: tuple[float, float] = (80.0, 250.0), timbre_db: float = 10.0, norm_s: float = 3.0,
                  lpc_order: int = 20, win_ms: float = 20.0, crossfade_ms: float = 100.0) -> None:
         self._secret = bytes(secret)

@@ -197,8 +197,7 @@ def speech(voice: str = "en-us+m3") -> np.ndarray:
 
 
 def test_parameters_differ_between_utterances_and_tenant_keys():
-    assert VoiceAnonymiser(b"k" * 32).params("s1/mic", 3)[0] == 1.0  # default: no McAdams, VTLN only
-    a, b = (VoiceAnonymiser(key * 4, alpha_range=(0.8, 1.0)) for key in (b"tenant-a", b"tenant-b"))
+    a, b = VoiceAnonymiser(b"tenant-a" * 4), VoiceAnonymiser(b"tenant-b" * 4)
     pa_ = np.stack([a.params("s1/mic", k) for k in range(8)])
     assert len({tuple(r) for r in pa_.round(6)}) == 8  # every utterance its own draw
     assert pa_.shape == (8, 9)  # alpha, warp, f0 (Hz), six envelope-shape terms (dB)
@@ -208,8 +207,7 @@ def test_parameters_differ_between_utterances_and_tenant_keys():
     pb = np.stack([b.params("s1/mic", k) for k in range(8)])
     assert not np.isclose(pa_, pb).all(axis=1).any()  # another tenant: other draws
     assert not np.allclose(a.params("s1/mic", 0), a.params("s1/room", 0))  # another source: other draws
-    again = VoiceAnonymiser(b"tenant-a" * 4, alpha_range=(0.8, 1.0))
-    assert np.array_equal(pa_, np.stack([again.params("s1/mic", k) for k in range(8)]))
+    assert np.array_equal(pa_, np.stack([VoiceAnonymiser(b"tenant-a" * 4).params("s1/mic", k) for k in range(8)]))
     # frame parameters: constant inside an utterance, cross-faded over 100 ms into the next
     fp = a.frame_params("s1/mic", np.array([1, 200, 399, 400, 405, 409, 410, 600]))
     assert np.allclose(fp[:3], pa_[0]) and np.allclose(fp[5:], pa_[1])
