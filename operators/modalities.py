@@ -148,7 +148,7 @@ def _voice(ctx: DeidContext) -> Any:
 
 
 def _voice_counter(column: str, header: dict[str, Any], rows: int) -> tuple[str, int]:
-    """MFCC frames stored per voice method (``voice_frames:voiceanon@2/...``, ``voice_frames:waveform_dropped``)."""
+    """MFCC frames stored per voice method (``voice_frames:voiceanon@3/...``, ``voice_frames:waveform_dropped``)."""
     return f"voice_frames:{header['method']}", rows
 
 

@@ -14,8 +14,9 @@ Actions per modality:
   ``keep`` (no change; only for consented footage). Faces are tracked so that a face seen
   in neighbouring frames keeps a box that follows it (``FacePolicy.track_hold_s``), and a
   second detector pass looks where the first lost a tracked face (``second_pass``).
-- voice: ``anonymise`` (default: before the MFCCs, each utterance of the waveform gets its
-  own keyed McAdams + VTLN formant warp and a keyed monotone pitch, see
+- voice: ``anonymise`` (default: before the MFCCs, the waveform is re-synthesised: the
+  speaker's average spectral envelope removed, then per utterance a keyed McAdams + VTLN
+  warp and envelope shape, on a keyed monotone pulse / noise source, see
   ``modalign.operators.deid.voice``; MFCCs of an un-anonymised voice are biometric data,
   GDPR Art. 9, so they are not the default), ``keep_mfcc`` (waveform dropped, MFCCs of the
   original voice kept: only with consent or another Art. 9(2) basis), ``drop`` (no
@@ -65,7 +66,8 @@ class FacePolicy(_Strict):
         description="also detect on an n x n grid of overlapping tiles (faces down to ~50 px in 720p); 1: whole frame only",
     )
     tile_every: Literal[1, 2] = Field(
-        2, description="2: the tiled pass runs on every other frame of a dense stream (the window covers the rest)"
+        2, description="2: the tiled and fine passes run on every other scanned frame of a dense stream; the frames "
+                       "between get the whole frame and a close look at each track it missed"
     )
     second_pass: bool = Field(
         True,
@@ -172,7 +174,7 @@ class DeidPolicy(_Strict):
     """Versioned de-identification policy for all modalities."""
 
     policy_id: str = Field("modalign-default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-    version: str = Field("4", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+    version: str = Field("5", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
     legal_basis: str = Field("", description="free-text note recorded with the policy")
     face: FacePolicy = FacePolicy()
     voice: VoicePolicy = VoicePolicy()

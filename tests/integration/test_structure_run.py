@@ -113,7 +113,7 @@ def test_voice_and_face_counters_reach_run_json(run):
     from modalign.schemas.policy import VoicePolicy
 
     method = voice_transform(VoicePolicy()).name
-    assert method.startswith("voiceanon@2/")
+    assert method.startswith("voiceanon@3/")
     assert c["voice_frames"] == {method: audio_events} and audio_events == c["events"]["audio"] > 0
     assert c["faces_blurred"] == 0 and c["frame_text_blurred"] == 0  # grey frames: nothing to remove
 

@@ -135,10 +135,10 @@ def test_speaker_encoder_links_original_voices(voice_report):
 
 
 def test_anonymised_voice_is_not_linkable_by_either_attacker(voice_report):
-    """Measured on this slice: EER 6 % before; ignorant 31 %, lazy-informed 41 % after (50 % is chance)."""
+    """Measured on this slice: EER 6 % before; ignorant 51 %, lazy-informed 47.5 % after (50 % is chance)."""
     ig, li = voice_report["ignorant"], voice_report["lazy_informed"]
-    assert voice_report["transform"].startswith("voiceanon@2/")
-    assert ig["eer"] >= 0.25 and li["eer"] >= 0.33
+    assert voice_report["transform"].startswith("voiceanon@3/")
+    assert ig["eer"] >= 0.40 and li["eer"] >= 0.40  # the issue's floor, for both attackers
     assert ig["same_mean"] < voice_report["threshold"] and li["same_mean"] < voice_report["threshold"]
     assert voice_report["anon_vs_own_original_mean"] < voice_report["threshold"]
     assert li["rank1"] <= 0.5 and ig["rank1"] <= 0.6
@@ -148,7 +148,7 @@ def test_anonymised_voice_is_not_linkable_by_either_attacker(voice_report):
 
 
 def test_anonymised_speech_stays_recognisable(voice_report):
-    """pocketsphinx WER (closed vocabulary): measured 35 % before, 67 % after on this slice."""
+    """pocketsphinx WER (closed vocabulary): measured 35 % before, 71 % after on this slice."""
     w = voice_report["wer"]
     assert w["words"] >= 200 and w["before"] <= 0.45
     assert w["after"] <= 0.8  # the cost of the formant warps; speech stays partly recognisable
