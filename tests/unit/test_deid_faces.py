@@ -369,3 +369,81 @@ def test_second_look_near_a_lost_track_refinds_the_face(op, canvas):
     (b,) = [x for x in op._detector.detect(canvas) if x[4] >= 0.5][:1]
     near = op._detector.detect_near(canvas, [(b[0] - 20, b[1] - 20, b[2] + 20, b[3] + 20)])
     assert near and any(n[0] < FACE_CENTRE[0] < n[2] and n[1] < FACE_CENTRE[1] < n[3] for n in near)
+
+
+# -- low-resolution faces filling their crop; low-detail faces linked by their tones -------------
+def _lfw_still(index: int, side: int, x: int, y: int, background: str | None = None) -> np.ndarray:
+    """LFW subset face ``index`` (25x25 grey, a tight crop: the face fills it) upscaled to
+    ``side`` px and pasted at (x, y) on a 1280x720 frame: a skimage photo ``background``, or
+    mid-grey with some texture."""
+    import cv2
+    from skimage import data
+    from skimage.data import lfw_subset
+
+    if background is None:
+        rng = np.random.default_rng(index)
+        img = np.clip(rng.normal(120, 12, (720, 1280, 3)), 0, 255).astype(np.uint8)
+    else:
+        b = getattr(data, background)()
+        b = np.stack([b] * 3, -1) if b.ndim == 2 else b[..., :3]
+        img = cv2.resize(b, (1280, 720), interpolation=cv2.INTER_AREA)
+    face = cv2.resize((lfw_subset()[index] * 255).round().astype(np.uint8), (side, side), interpolation=cv2.INTER_CUBIC)
+    img[y:y + side, x:x + side] = face[..., None]
+    return img
+
+
+# (background, LFW index, side, x, y): faces the whole frame, the 2x2 tiles and the 3x3 grid miss
+CLOSE_CASES = [("coffee", 62, 107, 1013, 50), ("coffee", 89, 134, 521, 169), ("camera", 76, 105, 890, 91),
+               ("grass", 26, 132, 410, 395)]
+
+
+def test_low_resolution_face_filling_its_crop_found_on_the_close_grid():
+    """A 25 px face upscaled to ~100-130 px (no margin around it): the short-range model sees it
+    at 25-32 px on its 3x3 grid and misses it; on the close grid's square tiles (36-46 px) it
+    finds it, and the operator covers the whole square."""
+    from modalign.operators.deid.faces import _MediapipeDetector, close_regions
+
+    det = _MediapipeDetector(1, 0.5, 2, second=True)
+    o = FaceBlurOperator(FaceBlurConfig(secret=SECRET))
+    o._detector = det
+    regions = close_regions(1280, 720)
+    assert len(regions) == 15 and all(r[2] - r[0] == r[3] - r[1] == 360 for r in regions)
+    found = 0
+    for background, index, side, x, y in CLOSE_CASES:
+        img = _lfw_still(index, side, x, y, background)
+        assert not any(b[4] >= 0.5 and b[0] < x + side / 2 < b[2] and b[1] < y + side / 2 < b[3]
+                       for b in det.detect(img)), index  # precondition: the grids before miss it
+        o.reset()
+        out = run(o, frames_table([img]))
+        mask = np.zeros((720, 1280), bool)
+        for b in out.column("face_boxes")[0].as_py():
+            mask[b["y0"]:b["y1"], b["x0"]:b["x1"]] = True
+        cover = mask[y:y + side, x:x + side].mean()
+        found += cover >= 0.9
+        if cover >= 0.9:
+            got = out_frames(out)[0]
+            assert np.abs(got[y:y + side, x:x + side].astype(np.int16) - img[y:y + side, x:x + side]).mean() > 20
+    assert found == len(CLOSE_CASES)
+
+
+def test_blur_permute_leaves_no_low_frequency_structure_of_a_low_detail_face():
+    """A face upscaled from 25 px has only low-frequency detail. Inside the anonymised box the
+    8x8 low-pass image keeps none of the face's layout (correlation with the original's ~0),
+    and the tones are pulled to the box's mean (spread a small fraction of the original's),
+    so neither where the dark and light parts were nor how much of each is left."""
+    import cv2
+
+    img = _lfw_still(70, 160, 560, 280)
+    src = img.copy()
+    box = (540, 260, 740, 460)  # the face padded, as a detection box would be
+    anonymise_region(img, box, SECRET, "s1/cam/video/0", 0.15)
+    x0, y0, x1, y1 = box
+    lo = lambda a: cv2.resize(a[y0:y1, x0:x1, 0].astype(np.float32), (8, 8), interpolation=cv2.INTER_AREA)  # noqa: E731
+    lo_src, lo_out = lo(src), lo(img)
+    structure = lo_src - lo_src.mean()
+    assert np.abs(structure).mean() > 15  # precondition: the face has low-frequency structure
+    assert np.abs(lo_out - lo_out.mean()).mean() < 0.1 * np.abs(structure).mean()
+    assert abs(np.corrcoef(lo_src.ravel(), lo_out.ravel())[0, 1]) < 0.5
+    assert np.abs(lo_out - lo_src).mean() >= 0.8 * np.abs(structure).mean()  # differs by the face's own structure
+    assert img[y0:y1, x0:x1].std() < 0.35 * src[y0:y1, x0:x1].std()  # the tones' spread mostly gone
+    assert np.array_equal(np.delete(img, np.s_[y0:y1], 0), np.delete(src, np.s_[y0:y1], 0))
