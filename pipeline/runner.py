@@ -33,8 +33,8 @@ from modalign.pipeline.commits import CommitLog, Snapshot, sweep
 from modalign.pipeline.discovery import Session, discover
 from modalign.pipeline.items import (ClockItem, DoneItem, EmbedItem, FaultItem, Item, MetaItem, QuarantineItem,
                                      SourceItem, SourceJob)
-from modalign.pipeline.layout import (OutputLayout, attempt_of, check_writable, storage_faults, write_json,
-                                      write_table)
+from modalign.pipeline.layout import (OutputLayout, attempt_of, check_writable, storage_faults, write_fault,
+                                      write_json, write_table)
 from modalign.pipeline.lease import Lease
 from modalign.pipeline.store import LocalStore
 from modalign.pipeline.worker import lineage_row, source_lineage
@@ -456,8 +456,7 @@ class Runner:
             return None
         return path, ref.clock
 
-    @staticmethod
-    def _get(refs: Any, what: str) -> Any:
+    def _get(self, refs: Any, what: str) -> Any:
         """``ray.get``, with the death of an actor that holds run state reported as what it is."""
         import ray
 
@@ -466,6 +465,15 @@ class Runner:
         except ray.exceptions.RayActorError as exc:
             raise EnvironmentFaultError(f"{what} died ({type(exc).__name__}): the run cannot finish honestly; "
                                         "check the machine's memory and the Ray logs, then re-run") from None
+        except ray.exceptions.RayTaskError as exc:
+            # an actor that could not write its tables (OUT full or read-only): the machine's fault, said so
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, EnvironmentFaultError):
+                raise EnvironmentFaultError(str(cause)) from None
+            fault = write_fault(cause, Path(cause.filename or self.out)) if isinstance(cause, OSError) else None
+            if fault is not None:
+                raise fault from None
+            raise
 
     def _collect(self, st: _SessionState, results: list) -> None:
         import ray
