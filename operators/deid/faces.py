@@ -428,7 +428,7 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
             raise
         out = []
         while self._done:
-            out.append(self._take_done())
+            out.append(take_run(self._done))
         return out
 
     @property
@@ -455,7 +455,7 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
                 self.reset()  # what was held is withheld, never emitted raw
                 raise
         if self._done:
-            return self._take_done()
+            return take_run(self._done)
         empty = table.slice(0, 0)
         return self._assemble(empty, frame_array(empty), [], method=pol.action)
 
@@ -563,14 +563,6 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
         like = table.column(FRAME).chunk(0)  # the tensor type (no copy of the raw pixels)
         self._done.append(self._assemble(table, frames_like(like, out, valid), applied, method=pol.action))
 
-    def _take_done(self) -> pa.Table:
-        """The oldest queued output, joined with the queued ones of the same schema after it."""
-        first = self._done.pop(0)
-        run = [first]
-        while self._done and self._done[0].schema.equals(first.schema, check_metadata=False):
-            run.append(self._done.pop(0))
-        return run[0] if len(run) == 1 else pa.concat_tables(run)
-
     def _detect(self, row: _Row, tiled: bool, fine: bool, near: list[BoxT] | None = None,
                 close: bool = False) -> list[BoxT]:
         """Padded detections in ``row`` (``close``: also the close grid, where the detector has
@@ -622,6 +614,15 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
 
 
 # -- helpers ---------------------------------------------------------------------------------
+def take_run(queue: list[pa.Table]) -> pa.Table:
+    """Pop the oldest queued output table, joined with the queued ones of the same schema after it."""
+    first = queue.pop(0)
+    run = [first]
+    while queue and queue[0].schema.equals(first.schema, check_metadata=False):
+        run.append(queue.pop(0))
+    return run[0] if len(run) == 1 else pa.concat_tables(run)
+
+
 def region_schema(schema: pa.Schema, boxes_col: str, deid_col: str) -> pa.Schema:
     """``schema`` with (fresh) columns for the removed regions' boxes and their de-id header."""
     for name in (boxes_col, deid_col):

@@ -71,7 +71,7 @@ from pydantic import Field
 
 from modalign.operators.base import OperatorConfig, TableOperator
 from modalign.operators.deid.faces import (_stream_key, anonymise_region, event_ids, first_str, frame_array,
-                                           frames_like, region_schema, tensor_view, with_regions)
+                                           frames_like, region_schema, take_run, tensor_view, with_regions)
 from modalign.operators.deid.names import load_nlp
 from modalign.operators.deid.recognisers import RULES_VERSION, detect_batch, detector_name
 from modalign.operators.dependencies import binary, missing, require_tesseract_langs
@@ -239,7 +239,7 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
             raise self._failed(exc, st.held if st is not None and st.held is not None else None) from None
         out = []
         while self._done:
-            out.append(self._take_done())
+            out.append(take_run(self._done))
         self._state = None
         return out
 
@@ -264,7 +264,7 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
         if self.config.action == "keep":
             return self._assemble(table, frames, [[] for _ in range(n)], method="keep")
         if n == 0:
-            return self._take_done() if self._done else self._assemble(table, frames, [], method=METHOD)
+            return take_run(self._done) if self._done else self._assemble(table, frames, [], method=METHOD)
         try:
             self._add(table, frames)
         except ModalignError:
@@ -274,7 +274,7 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
             self.reset()
             raise self._failed(exc, table) from None
         if self._done:
-            return self._take_done()
+            return take_run(self._done)
         empty = table.slice(0, 0)
         return self._assemble(empty, frame_array(empty), [], method=METHOD)
 
@@ -365,14 +365,6 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
                     anonymise_region(out[i], b, self._secret, ids[i] + SALT_SUFFIX, self.config.blur_sigma_ratio)
             frames = frames_like(frames, out, valid)
         self._done.append(self._assemble(rows, frames, applied, method=METHOD))
-
-    def _take_done(self) -> pa.Table:
-        """The oldest queued output, joined with the queued ones of the same schema after it."""
-        first = self._done.pop(0)
-        run = [first]
-        while self._done and self._done[0].schema.equals(first.schema, check_metadata=False):
-            run.append(self._done.pop(0))
-        return run[0] if len(run) == 1 else pa.concat_tables(run)
 
     def _read(self, rgb: np.ndarray, event_id: str, table: pa.Table) -> _Sample:
         """OCR one sample into its blocks' texts and word spans."""
