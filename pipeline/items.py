@@ -30,7 +30,7 @@ class SourceJob:
     uri: str
     version: str  # known without reading the source (local: size + mtime; object store: ETag + size)
     tenant: str = "default"
-    subjects: tuple[str, ...] = ()
+    subjects: tuple[str, ...] = ()  # the session's and the source's own (``Manifest.subjects_of``)
     reference: tuple[Path, ClockMapping] | None = None  # (file, clock) to estimate/verify against
     roots: tuple[Path, ...] = ()  # where the path may resolve; the worker checks again before it opens it
 

@@ -309,7 +309,7 @@ class Runner:
                     stage="discover", reason_code=problem[0], message=problem[1]))
             return None
         return SourceJob(run_id=self.run_id, session_id=m.session_id, spec=spec, path=path, uri=uri,
-                         version=version, tenant=m.tenant, subjects=tuple(m.subjects),
+                         version=version, tenant=m.tenant, subjects=m.subjects_of(spec),
                          reference=self._reference(st, spec), roots=s.roots)
 
     def _ingest_one(self, st: _SessionState, job: SourceJob, actor, embedder) -> None:

@@ -1,16 +1,17 @@
 """Session manifests: what users write to describe one capture event.
 
 A manifest lists a session's sources (video, audio, PDF), how each source's clock maps
-onto the session clock, the page schedule of documents and the data subjects present.
+onto the session clock, the page schedule of documents and the data subjects present (per
+session, or per source).
 Sample sessions also carry ``ground_truth`` so tests can check outputs against it.
 Validation errors name the offending field; loading is in ``modalign.schemas.load``.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 Modality = Literal["video", "audio", "pdf"]
 
@@ -23,6 +24,11 @@ MEDIA_SUFFIXES: dict[str, Modality] = {
 
 DAY_NS = 86_400 * 1_000_000_000
 MAX_LOCAL_NS = 7 * DAY_NS  # a page schedule reaches at most a week into its recording
+
+
+# An opaque data-subject id ("subject-0001", a registry key): never a name or an e-mail, so no
+# whitespace and no '@'. It is written to lineage rows in OUT.
+SubjectId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")]
 
 
 class _Strict(BaseModel):
@@ -80,6 +86,11 @@ class SourceSpec(_Strict):
     track_of: str | None = Field(
         None, description="set by modalign, not in manifests: the video source whose audio stream this source is"
     )
+    subjects: list[SubjectId] = Field(
+        default_factory=list, max_length=10_000,
+        description="data-subject ids present in this source only (opaque ids, never names), in addition to the "
+                    "session's subjects; a video's own audio track inherits them",
+    )
 
     @field_validator("page_schedule_ns")
     @classmethod
@@ -93,6 +104,13 @@ class SourceSpec(_Strict):
                 raise ValueError(f"page_schedule_ns must stay within {MAX_LOCAL_NS} ns (a week)")
             if len(v) > 100_000:
                 raise ValueError("page_schedule_ns lists more than 100,000 pages")
+        return v
+
+    @field_validator("subjects")
+    @classmethod
+    def _subjects_unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("subjects lists a subject id twice")
         return v
 
     @model_validator(mode="after")
@@ -162,6 +180,10 @@ class Manifest(_Strict):
                 raise ValueError(f"source {s.id!r}: its audio track would be source {s.id + TRACK_SUFFIX!r}, "
                                  "which the manifest already names; rename it or set audio_track: false")
         return self
+
+    def subjects_of(self, source: SourceSpec) -> tuple[str, ...]:
+        """The data subjects of one source: the session's, then the source's own, each once."""
+        return tuple(dict.fromkeys([*self.subjects, *source.subjects]))
 
     def ingest_sources(self) -> list[SourceSpec]:
         """The sources as ingested: each video with ``audio_track`` followed by its audio stream
