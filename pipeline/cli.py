@@ -22,6 +22,9 @@ EXAMPLES = {
     "deid-eval": "modalign deid-eval --quick",
     "search": "modalign search ./out --text 'vendor contracts' -k 3",
     "cache": "modalign cache stats ./out",
+    "lineage trace": "modalign lineage trace ./out sample-meeting/slides/block/1  (or a feature id, "
+                     "sample-meeting:42, records/sample-meeting/FILE.parquet)",
+    "lineage access": "modalign lineage access ./out --subject subject-0001 --format html --out access.html",
 }
 
 
@@ -76,6 +79,29 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
     result = cache_stats(Path(args.out)) if args.action == "stats" else cache_gc(Path(args.out), dry_run=args.dry_run)
     print(json.dumps(result, indent=2) if args.json else render_stats(result))
+    return 0
+
+
+def cmd_lineage_trace(args: argparse.Namespace) -> int:
+    from modalign.pipeline.lineage import render_trace, to_json, trace
+
+    result = trace(Path(args.out), args.id)
+    print(to_json(result) if args.json else render_trace(result))
+    return 0
+
+
+def cmd_lineage_access(args: argparse.Namespace) -> int:
+    from modalign.pipeline.lineage import access, render_access, render_access_html, to_json, write_report
+
+    fmt = "json" if args.json else args.format
+    report = access(Path(args.out), args.subject)
+    text = {"json": to_json, "html": render_access_html, "text": render_access}[fmt](report)
+    if args.report:
+        path = write_report(args.report, text, args.out)
+        print(f"access report ({fmt}) for subject {report['subject']}: {path}  "
+              f"({', '.join(f'{k} {v}' for k, v in report['counts'].items())})")
+    else:
+        print(text, end="" if text.endswith("\n") else "\n")
     return 0
 
 
@@ -141,6 +167,33 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("action", choices=["stats", "gc"])
     sp.add_argument("out", help="output folder of `modalign run`")
     sp.add_argument("--dry-run", action="store_true", help="gc: report what would be removed, remove nothing")
+
+    lp = sub.add_parser("lineage", help="compliance queries over the committed lineage of an output folder",
+                        description="compliance queries over the committed lineage of an output folder "
+                                    "(read-only; DuckDB over the committed Parquet files)")
+    lsub = lp.add_subparsers(dest="lineage_command", required=True)
+    sp = lsub.add_parser("trace", help="where one output came from: source, operators, policy, removals, clock, model",
+                         description="where one output came from: source URI and version, session and run, operator "
+                                     "chain, de-identification policy and what was removed, clock mapping, model id",
+                         epilog=f"ID: a feature id (digits), SESSION:TICK (a timeline row), SESSION/SOURCE/KIND/INDEX "
+                                f"(an event id) or an output file (relative to OUT or absolute inside it). "
+                                f"example: {EXAMPLES['lineage trace']}")
+    sp.set_defaults(fn=cmd_lineage_trace)
+    sp.add_argument("out", help="output folder of `modalign run`")
+    sp.add_argument("id", help="feature id | SESSION:TICK | event id | output file")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp = lsub.add_parser("access", help="GDPR Art. 15: everything held that derives from one data subject",
+                         description="GDPR Art. 15: every source, event, timeline row, CTAL row, feature, cache entry, "
+                                     "FAISS id and pseudonym linked to a data subject, and how each was de-identified",
+                         epilog=f"example: {EXAMPLES['lineage access']}")
+    sp.set_defaults(fn=cmd_lineage_access)
+    sp.add_argument("out", help="output folder of `modalign run`")
+    sp.add_argument("--subject", required=True, help="data-subject id as the manifest lists it (never a name)")
+    sp.add_argument("--format", choices=["text", "json", "html"], default="text",
+                    help="text: a summary (default); json: every row, for machines; html: a self-contained page")
+    sp.add_argument("--out", dest="report", metavar="FILE", help="write the report to FILE (outside OUT) instead "
+                                                                 "of printing it")
+    sp.add_argument("--json", action="store_true", help="same as --format json")
     return p
 
 
