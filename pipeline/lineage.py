@@ -621,6 +621,9 @@ def _origin_lines(o: dict) -> list[str]:
     return lines
 
 
+TIMELINE_SHOWN = 8  # timeline rows a human trace shows (a slide block is held for many ticks)
+
+
 def render_trace(result: dict) -> str:
     """A human-readable trace (``modalign lineage trace``)."""
     t = result["target"]
@@ -634,11 +637,14 @@ def render_trace(result: dict) -> str:
         lines += _event_lines(ev)
     for f in t.get("features", []):
         lines.append(f"  feature {f['feature_id']} ({f['granularity']}, {f['model_id']}, box {_fmt_box(f['box'])})")
-    for r in t.get("timeline", []):
+    timeline = t.get("timeline", [])
+    for r in timeline[:TIMELINE_SHOWN]:
         lines.append(f"  tick {r['tick_index']} ({r['t_ns']} ns) {r['source_id']}: {r['decision']}"
                      + (f", {r['event_id']} residual {r['residual_ns']} ns" if r.get("event_id") else ""))
         if r.get("event"):
             lines += ["  " + x for x in _event_lines(r["event"])]
+    if len(timeline) > TIMELINE_SHOWN:
+        lines.append(f"  ... and {len(timeline) - TIMELINE_SHOWN} more ticks (--json lists them all)")
     for r in t.get("ctal", []):
         lines.append(f"  ctal {r['event_id']}: {r['decision']} ({r['reason']})")
     if "file" in t:

@@ -141,10 +141,43 @@ def test_trace_of_output_files(gen):
     assert by_rel["target"]["file"] == {"path": rec, "table": "records", "session_id": "bench-0003", "rows": 200}
     assert {o["source_id"] for o in by_rel["origins"]} == {"room_video", "room_video.audio", "lapel", "slides"}
     assert trace(out, str(out / rec))["target"] == by_rel["target"]  # absolute inside OUT
+    jsonl = next(f for f in store.snapshot.sessions["bench-0003"]["files"] if f.startswith("ctal/jsonl/"))
+    assert trace(out, jsonl)["target"]["file"]["rows"] == 19  # the lapel's gaps: ticks 0-18 (730 ms late)
     ix = trace(out, index)
     assert ix["target"]["file"]["vectors"] == 6 * 2 * 2 and ix["target"]["file"]["sessions"] == 6
     assert {o["source_id"] for o in ix["origins"]} == {"room_video.audio", "lapel"}
     assert all(o["model_ids"] == [bench.AUDIO_MODEL] for o in ix["origins"])
+
+
+def test_the_human_trace_and_the_json_one_say_the_same(gen, capsys):
+    bench, out, planted = gen
+    assert main(["lineage", "trace", str(out), "bench-0001:2"]) == 0
+    text = capsys.readouterr().out
+    for want in ("tick 2 (80000000 ns) lapel: gap", "face boxes 402,20,542,170", planted["sources"]["bench-0001"]["lapel"],
+                 f"policy    {planted['policy']}  (content from commit 1)", "estimated by cross-correlation against the "
+                 "audio of room_video (confidence 0.97)", bench.IMAGE_MODEL, "video_frames@0.2.0 -> face_blur@0.6.0"):
+        assert want in text, want
+    assert main(["lineage", "trace", str(out), "bench-0001:2", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["kind"] == "tick" and len(res["origins"]) == 4 and res["target"]["ctal"][0]["tick_index"] == 2
+
+
+def test_a_policy_of_an_earlier_commit_is_found_in_its_record(gen, tmp_path):
+    """A session carried over from an earlier run keeps that run's policy; its content comes
+    from the commit record of that run, not from the latest run's summary."""
+    bench, out, planted = gen
+    from modalign.pipeline.commits import CommitLog
+
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    log = CommitLog.of(copy)
+    base = log.latest()
+    newer = DeidPolicy(version="6")
+    summary = dict(base.summary, config=RunConfig(policy=newer).model_dump(mode="json"))
+    log.commit(base, run_id="f" * 32, sessions={}, shared=list(base.shared), summary=summary)
+    (o,) = trace(copy, "bench-0000/slides/block/0")["origins"]
+    assert o["policy"]["tag"] == planted["policy"] != newer.tag
+    assert o["policy"]["content_from"] == "commit 1" and o["policy"]["content"]["legal_basis"] == LEGAL
 
 
 @pytest.mark.parametrize("bad", ["bench-0001/slides/block/7", "bench-9999/lapel/mfcc/0", "12345", "bench-0001:999",
