@@ -482,9 +482,15 @@ def _trace_file(store: LineageStore, tid: TraceId) -> tuple[dict, set]:
 
 def access(out: str | PathLike, subject: str) -> dict:
     """Everything OUT holds that derives from data subject ``subject`` (see the module docstring)."""
-    subject = str(subject).strip()
-    if not subject:
-        raise ConfigError("give a subject id (--subject S)")
+    from pydantic import TypeAdapter, ValidationError
+
+    from modalign.schemas.manifest import SubjectId
+
+    try:
+        subject = TypeAdapter(SubjectId).validate_python(str(subject).strip())
+    except ValidationError:  # the value is not repeated: it may be the very name that must not be printed
+        raise ConfigError("the subject is not a data-subject id: give the opaque id the manifest lists (letters, "
+                          "digits, '_', '.', ':', '-'; e.g. subject-0001), never a name or an e-mail") from None
     with LineageStore(out) as store:
         hits = store.query(f"SELECT session_id, source_id FROM {store.view('lineage_sources')} "
                            "WHERE list_contains(subjects, ?) ORDER BY 1, 2", [subject])

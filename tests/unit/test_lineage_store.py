@@ -231,6 +231,10 @@ def test_access_of_a_source_subject_lists_that_source_only(gen):
     assert sorted(e["event_id"] for e in rep["events"]) == _direct(out, "events_audio", pairs, "event_id")
     assert {r["source_id"] for r in rep["timeline"]} == {"lapel"} and len(rep["timeline"]) == 50
     assert {f["source_id"] for f in rep["features"]} == {"lapel"} and rep["pseudonyms"] == []
+    for name in ("Clara Hartmann", "clara@example.com", ""):  # a name is refused, and not repeated
+        with pytest.raises(ConfigError, match="not a data-subject id") as err:
+            access(out, name)
+        assert name not in str(err.value) or not name
     nobody = access(out, "subject-4242")
     assert nobody["sources"] == [] and nobody["events"] == [] and set(nobody["counts"].values()) == {0}
 
