@@ -8,7 +8,7 @@ region) against faces per frame. Datasets: real faces composed over real video f
 (astronaut and an LFW face, with motion, scale change, an occluder, motion blur), skimage's
 LFW subset as stills (faces; non-faces: every box is false), and Debian opencv-doc's
 ``Megamind.avi`` and ``vtest.avi`` (pedestrians, faces of ~15 px), whose face regions are the
-union of dlib HOG, Haar and the anonymiser's own detections on the original frames.
+union of dlib HOG and Haar detections on the original frames.
 
 Then the cost per 1280x720 frame of ``FaceBlurOperator`` (default policy, tables of 16
 frames) beside a bare mediapipe full-range call on the same frames, both in this process

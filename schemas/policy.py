@@ -53,7 +53,11 @@ class _Strict(BaseModel):
 class FacePolicy(_Strict):
     action: FaceAction = "blur_permute"
     min_score: float = Field(0.5, ge=0.0, le=1.0, description="detector confidence threshold")
-    pad_ratio: float = Field(0.25, ge=0.0, le=2.0, description="box padding, fraction of box size on each side")
+    pad_ratio: float = Field(
+        0.35, ge=0.0, le=2.0,
+        description="box padding, fraction of box size on each side (0.35: the detector's tight box grows to the "
+                    "head: forehead, chin, the ears' edge; dlib links a face by what lies around it too)",
+    )
     blur_sigma_ratio: float = Field(0.15, gt=0.0, description="Gaussian sigma as a fraction of the box's larger side")
     temporal_window: int = Field(2, ge=0, description="a face box also covers this many frames before and after")
     track_hold_s: float = Field(
@@ -174,7 +178,7 @@ class DeidPolicy(_Strict):
     """Versioned de-identification policy for all modalities."""
 
     policy_id: str = Field("modalign-default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-    version: str = Field("5", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+    version: str = Field("6", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
     legal_basis: str = Field("", description="free-text note recorded with the policy")
     face: FacePolicy = FacePolicy()
     voice: VoicePolicy = VoicePolicy()

@@ -30,8 +30,14 @@ Second pass: with ``FacePolicy.second_pass`` the short-range model (another netw
 runs on the tiles, and on an upscaled crop around each tracked face the first pass missed
 in a frame, so a face is re-found (and its box stays tight) rather than guessed. A weak
 detection (score under ``face_tracks.CONFIRM_SCORE``) that continues no track is kept only
-when both models, looking at an upscaled crop around it, score it ``VERIFY_SCORE``: hands,
-hair and textures fire weakly and are not confirmed; weak real faces mostly are.
+when both models, looking at upscaled crops of 1.5 and 2 face sides around it
+(``VERIFY_REACH``, measured on the detected face, not on its padded box), score it
+``VERIFY_SCORE``: hands, hair and textures fire weakly and are not confirmed; weak real
+faces mostly are.
+
+Padding: each detection grows by ``FacePolicy.pad_ratio`` (0.35) of its size on every side,
+to the head: the detector's box spans brows to mouth, and dlib's descriptor links a face by
+what lies around it too (Megamind.avi: 3 frames linked at 0.25, none at 0.35).
 
 Temporal consistency (faces fail closed): detections feed face tracks
 (``modalign.operators.deid.face_tracks``, kept across the tables of one stream, same
@@ -91,6 +97,7 @@ DEID_TYPE = arrow_type(DeidHeader)
 METHOD = "blur_permute"
 MERGE_IOU = 0.3
 VERIFY_SCORE = 0.7  # a weak new detection is kept when a closer look scores this (LFW faces: 34 of 38 weak ones)
+VERIFY_REACH = (1.5, 2.0)  # the closer looks' crop sides, in detected face sides
 SAME_FACE_IOU = 0.5  # tracked path: boxes this similar are one face
 NESTED = 0.9  # tracked path: a box this much inside another adds nothing
 TILE_OVERLAP = 0.25  # fraction of a tile shared with its neighbour
@@ -99,7 +106,7 @@ SECOND_TILES = 3  # the second (short-range, 128x128 input) model's grid: faces 
 CLOSE_SIDE = 0.5  # the close grid's square tiles: this fraction of the frame's shorter side (360 px in 720p)
 CLOSE_OVERLAP = 0.35  # fraction of a close tile shared with its neighbour (a 126 px face fits one whole)
 CLOSE_EVERY = 0  # dense streams: every this many full scans get the close grid (0: none; sparse frames: each)
-RESIDUAL_CONTRAST = 0.25  # blur_permute keeps this fraction of the blurred box's spread around its mean
+RESIDUAL_CONTRAST = 0.1  # blur_permute keeps this fraction of the blurred box's spread around its mean
 DENSE_GAP_NS = 100_000_000  # frames closer than this count as consecutive for tile_every
 
 BoxT = tuple[int, int, int, int, float]  # x0, y0, x1, y1 (pixels, end-exclusive), score
@@ -167,7 +174,9 @@ def _flatten(roi: np.ndarray, contrast: float) -> np.ndarray:
     its difference from it. The permutation destroys where tones lie but keeps their spread
     (how much hair, skin, shadow a box holds); a face upscaled from a few pixels, whose detail
     is all low-frequency, stayed linkable by that spread alone (dlib, LFW subset: 9 of 88
-    covered faces under 0.6 at 0.15 sigma, 2 at a quarter of the spread, 1 filled flat)."""
+    covered faces under 0.6 at 0.15 sigma, 2 at a quarter of the spread, 1 filled flat; with
+    the head-sized padding of ``FacePolicy.pad_ratio`` 0.35 a quarter left 3 covered faces
+    linked, a tenth 1, as many as the flat fill)."""
     shape = roi.shape
     roi = roi.reshape(shape[0], shape[1], -1)
     mean = roi.reshape(-1, roi.shape[-1]).mean(axis=0)
@@ -284,14 +293,15 @@ class _MediapipeDetector:
         h, w = rgb.shape[:2]
         return [b for region in close_regions(w, h) for b in _run(self._fd2, rgb, region)]
 
-    def detect_near(self, rgb: np.ndarray, boxes: Sequence[Sequence[float]],
-                    both: bool = False) -> list[tuple[float, float, float, float, float]]:
-        """Faces in a square crop of twice the side of each box (a tracked face's predicted,
-        padded box), by the second model (the first where there is none; ``both``: by both)."""
+    def detect_near(self, rgb: np.ndarray, boxes: Sequence[Sequence[float]], both: bool = False,
+                    reach: float = 2.0) -> list[tuple[float, float, float, float, float]]:
+        """Faces in a square crop of ``reach`` times the side of each box (a tracked face's
+        predicted, padded box), by the second model (the first where there is none; ``both``:
+        by both)."""
         h, w = rgb.shape[:2]
         out = []
         for b in boxes:
-            side = 2 * max(b[2] - b[0], b[3] - b[1])
+            side = reach * max(b[2] - b[0], b[3] - b[1])
             cx, cy = (b[0] + b[2]) / 2, (b[1] + b[3]) / 2
             region = (max(0, int(cx - side / 2)), max(0, int(cy - side / 2)),
                       min(w, int(math.ceil(cx + side / 2))), min(h, int(math.ceil(cy + side / 2))))
@@ -389,7 +399,7 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
     """
 
     kind = "face_blur"
-    version = "0.6.0"
+    version = "0.7.0"
     config_model = FaceBlurConfig
 
     def __init__(self, config: FaceBlurConfig | None = None) -> None:
@@ -598,10 +608,15 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
         )
 
     def _verified(self, row: _Row, box: BoxT) -> BoxT | None:
-        """``box`` if both models, on an upscaled crop around it, find a face there scoring at
-        least ``VERIFY_SCORE`` (then with that score), else None."""
+        """``box`` (padded by ``pad_ratio``) if both models, on upscaled crops around it, find
+        a face there scoring at least ``VERIFY_SCORE`` (then with that score), else None. The
+        crops are ``VERIFY_REACH`` times the detected (unpadded) face's side: the short-range
+        model scores a face filling 1/2 to 2/3 of its input highest (LFW faces missed by the
+        grids: 0.70-0.81 there, 0.59-0.68 in a crop of 3 sides)."""
+        grown = 1 + 2 * self.config.face.pad_ratio
         try:
-            found = self._detector.detect_near(row.img, [box], both=True)
+            found = [f for reach in VERIFY_REACH
+                     for f in self._detector.detect_near(row.img, [box], both=True, reach=reach / grown)]
         except Exception:
             raise self._detection_failed(row) from None
         best = max((f[4] for f in found if overlap(f, box) > 0.3), default=0.0)
