@@ -25,6 +25,8 @@ EXAMPLES = {
     "lineage trace": "modalign lineage trace ./out sample-meeting/slides/block/1  (or a feature id, "
                      "sample-meeting:42, records/sample-meeting/FILE.parquet)",
     "lineage access": "modalign lineage access ./out --subject subject-0001 --format html --out access.html",
+    "lineage erase": "modalign lineage erase ./out --subject subject-0001 --dry-run  (then without --dry-run)",
+    "lineage verify": "modalign lineage verify ./out/lineage/erasure/ERASURE_ID.json --subject subject-0001",
 }
 
 
@@ -103,6 +105,25 @@ def cmd_lineage_access(args: argparse.Namespace) -> int:
     else:
         print(text, end="" if text.endswith("\n") else "\n")
     return 0
+
+
+def cmd_lineage_erase(args: argparse.Namespace) -> int:
+    from modalign.pipeline.erasure import erase, render_erasure
+    from modalign.pipeline.lineage import to_json
+
+    report = erase(Path(args.out), subject=args.subject, source=args.source, scope=args.scope, dry_run=args.dry_run,
+                   key_store=args.key_store, progress=None if args.json else _progress)
+    print(to_json(report) if args.json else render_erasure(report))
+    return 0
+
+
+def cmd_lineage_verify(args: argparse.Namespace) -> int:
+    from modalign.pipeline.erasure import render_verify, verify
+    from modalign.pipeline.lineage import to_json
+
+    result = verify(Path(args.report), out=args.out, key_store=args.key_store, subject=args.subject)
+    print(to_json(result) if args.json else render_verify(result))
+    return 0 if result["ok"] else 1
 
 
 def cmd_deid_eval(args: argparse.Namespace) -> int:
@@ -194,6 +215,38 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", dest="report", metavar="FILE", help="write the report to FILE (outside OUT) instead "
                                                                  "of printing it")
     sp.add_argument("--json", action="store_true", help="same as --format json")
+    sp = lsub.add_parser("erase", help="GDPR Art. 17: remove every row derived from a data subject or a source",
+                         description="GDPR Art. 17: physically remove every row derived from a data subject's or one "
+                                     "source's recordings (events, timeline, CTAL, features, quarantine and lineage "
+                                     "rows, cache entries, FAISS vectors) in one commit, denylist them against "
+                                     "re-ingest, and write a signed report (OUT/lineage/erasure/ID.json); see "
+                                     "runbooks/erasure.md",
+                         epilog=f"example: {EXAMPLES['lineage erase']}")
+    sp.set_defaults(fn=cmd_lineage_erase)
+    sp.add_argument("out", help="output folder of `modalign run`")
+    who = sp.add_mutually_exclusive_group(required=True)
+    who.add_argument("--subject", help="data-subject id as the manifest lists it (never a name)")
+    who.add_argument("--source", help="source URI as `lineage trace` shows it (or its local path)")
+    sp.add_argument("--scope", choices=["source", "session"], default="source",
+                    help="--subject: remove every source whose lineage lists S (source, default), or every source of "
+                         "each session one of whose sources lists S (session)")
+    sp.add_argument("--dry-run", action="store_true", help="print what would be removed; change nothing")
+    sp.add_argument("--key-store", help="key store folder (outside OUT) with the denylist and signing keys; "
+                                        "default $MODALIGN_KEY_STORE or ~/.modalign/keys")
+    sp.add_argument("--json", action="store_true", help="machine-readable output (the report)")
+    sp = lsub.add_parser("verify", help="check a signed erasure report against the output folder",
+                         description="check an erasure report: its signature, its remaining files against the "
+                                     "current commit (or what changed since), that no removed file is back, and "
+                                     "that the access query for the erased sources (and subject) is empty; exit 1 "
+                                     "when any check fails",
+                         epilog=f"example: {EXAMPLES['lineage verify']}")
+    sp.set_defaults(fn=cmd_lineage_verify)
+    sp.add_argument("report", help="the erasure report (OUT/lineage/erasure/ID.json, or a copy)")
+    sp.add_argument("--out", help="the output folder (default: the one the report lies in, else the one it names)")
+    sp.add_argument("--subject", help="also re-run `lineage access --subject S` (the report names S only keyed)")
+    sp.add_argument("--key-store", help="key store folder the erasure used (default $MODALIGN_KEY_STORE or "
+                                        "~/.modalign/keys)")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
     return p
 
 

@@ -480,63 +480,78 @@ def _trace_file(store: LineageStore, tid: TraceId) -> tuple[dict, set]:
 
 # -- access (GDPR Art. 15) ------------------------------------------------------------------
 
-def access(out: str | PathLike, subject: str) -> dict:
-    """Everything OUT holds that derives from data subject ``subject`` (see the module docstring)."""
+def validate_subject(subject: str) -> str:
+    """The opaque data-subject id ``subject`` (``ConfigError`` for a name or an e-mail, not repeated)."""
     from pydantic import TypeAdapter, ValidationError
 
     from modalign.schemas.manifest import SubjectId
 
     try:
-        subject = TypeAdapter(SubjectId).validate_python(str(subject).strip())
+        return TypeAdapter(SubjectId).validate_python(str(subject).strip())
     except ValidationError:  # the value is not repeated: it may be the very name that must not be printed
         raise ConfigError("the subject is not a data-subject id: give the opaque id the manifest lists (letters, "
                           "digits, '_', '.', ':', '-'; e.g. subject-0001), never a name or an e-mail") from None
+
+
+def access(out: str | PathLike, subject: str) -> dict:
+    """Everything OUT holds that derives from data subject ``subject`` (see the module docstring)."""
+    subject = validate_subject(subject)
     with LineageStore(out) as store:
-        hits = store.query(f"SELECT session_id, source_id FROM {store.view('lineage_sources')} "
-                           "WHERE list_contains(subjects, ?) ORDER BY 1, 2", [subject])
-        pairs = {(r["session_id"], r["source_id"]) for r in hits}
-        sessions = sorted({s for s, _ in pairs})
-        keys = [f"{s}\x1f{src}" for s, src in sorted(pairs)]
-        cond = "session_id || chr(31) || source_id IN (SELECT unnest(?))"
-        report: dict[str, Any] = {"subject": subject, "out": str(store.root), "commit": store.snapshot.version,
-                                  "committed_at": store.snapshot.committed_at,
-                                  "sessions": sessions, "sources": store.origins(pairs) if pairs else []}
-        events = []
-        for table in EVENT_TABLES:
-            extra = {"events_video": ", len(face_boxes) AS face_boxes, coalesce(len(text_boxes), 0) AS "
-                                     "frame_text_regions, text_deid.method AS frame_text_method",
-                     "events_pdf": ", pii_counts", "events_audio": ""}[table]
-            for r in store.rows(table, cond, [keys], sessions,
-                                columns=f"event_id, session_id, source_id, t_ns, deid{extra}, filename"):
-                r["table"] = table
-                events.append(r)
-        report["events"] = sorted(events, key=lambda r: (r["session_id"], r["source_id"], r["t_ns"], r["event_id"]))
-        report["timeline"] = store.rows(
-            "records", cond, [keys], sessions,
-            columns="session_id, tick_index, t_ns, source_id, modality, event_id, decision, filename")
-        report["timeline"].sort(key=lambda r: (r["session_id"], r["tick_index"], r["source_id"]))
-        by_session: dict[str, set[str]] = defaultdict(set)
-        for s, src in pairs:
-            by_session[s].add(src)
-        ctal = store.rows("ctal", "session_id IN (SELECT unnest(?))", [sessions], sessions,
-                          columns="event_id, session_id, tick_index, aligned_t_ns, modalities, decision, reason, filename")
-        report["ctal"] = sorted((r for r in ctal if by_session[r["session_id"]] & {
-            m.split(":", 1)[-1] for m in r["modalities"]}), key=lambda r: (r["session_id"], r["tick_index"]))
-        alarms = store.rows("drift_alarms", "session_id IN (SELECT unnest(?))", [sessions], sessions)
-        report["drift_alarms"] = [r for r in alarms if by_session[r["session_id"]] & set(r["sources"])]
-        report["quarantine"] = store.rows("quarantine", cond, [keys], sessions,
-                                          columns="session_id, source_id, source_uri, stage, reason_code, "
-                                                  "start_t_ns, end_t_ns, filename")
-        report["features"] = _features_of(store, cond, [keys], sessions)
-        report["faiss"] = _faiss_ids(report["features"])
-        report["cache"] = _cache_entries(store, report["features"])
-        report["pseudonyms"] = _pseudonyms(store, cond, keys, sessions)
-        report["files"] = _files(report, store)
-        report["counts"] = {k: len(report[k]) for k in ("sessions", "sources", "events", "timeline", "ctal",
-                                                        "drift_alarms", "quarantine", "features", "cache",
-                                                        "pseudonyms")}
-        report["counts"]["faiss_ids"] = sum(len(ix["feature_ids"]) for ix in report["faiss"])
-        return report
+        return {"subject": subject, **report_of(store, subject_sources(store, subject))}
+
+
+def subject_sources(store: LineageStore, subject: str) -> set[tuple[str, str]]:
+    """(session, source) of every committed source whose lineage row lists ``subject``."""
+    hits = store.query(f"SELECT session_id, source_id FROM {store.view('lineage_sources')} "
+                       "WHERE list_contains(subjects, ?) ORDER BY 1, 2", [subject])
+    return {(r["session_id"], r["source_id"]) for r in hits}
+
+
+def report_of(store: LineageStore, pairs: set[tuple[str, str]]) -> dict:
+    """Everything the committed state holds that derives from the (session, source) ``pairs``:
+    the body of an access report, and what an erasure removes (``pipeline.erasure``)."""
+    sessions = sorted({s for s, _ in pairs})
+    keys = [f"{s}\x1f{src}" for s, src in sorted(pairs)]
+    cond = "session_id || chr(31) || source_id IN (SELECT unnest(?))"
+    report: dict[str, Any] = {"out": str(store.root), "commit": store.snapshot.version,
+                              "committed_at": store.snapshot.committed_at,
+                              "sessions": sessions, "sources": store.origins(pairs) if pairs else []}
+    events = []
+    for table in EVENT_TABLES:
+        extra = {"events_video": ", len(face_boxes) AS face_boxes, coalesce(len(text_boxes), 0) AS "
+                                 "frame_text_regions, text_deid.method AS frame_text_method",
+                 "events_pdf": ", pii_counts", "events_audio": ""}[table]
+        for r in store.rows(table, cond, [keys], sessions,
+                            columns=f"event_id, session_id, source_id, t_ns, deid{extra}, filename"):
+            r["table"] = table
+            events.append(r)
+    report["events"] = sorted(events, key=lambda r: (r["session_id"], r["source_id"], r["t_ns"], r["event_id"]))
+    report["timeline"] = store.rows(
+        "records", cond, [keys], sessions,
+        columns="session_id, tick_index, t_ns, source_id, modality, event_id, decision, filename")
+    report["timeline"].sort(key=lambda r: (r["session_id"], r["tick_index"], r["source_id"]))
+    by_session: dict[str, set[str]] = defaultdict(set)
+    for s, src in pairs:
+        by_session[s].add(src)
+    ctal = store.rows("ctal", "session_id IN (SELECT unnest(?))", [sessions], sessions,
+                      columns="event_id, session_id, tick_index, aligned_t_ns, modalities, decision, reason, filename")
+    report["ctal"] = sorted((r for r in ctal if by_session[r["session_id"]] & {
+        m.split(":", 1)[-1] for m in r["modalities"]}), key=lambda r: (r["session_id"], r["tick_index"]))
+    alarms = store.rows("drift_alarms", "session_id IN (SELECT unnest(?))", [sessions], sessions)
+    report["drift_alarms"] = [r for r in alarms if by_session[r["session_id"]] & set(r["sources"])]
+    report["quarantine"] = store.rows("quarantine", cond, [keys], sessions,
+                                      columns="session_id, source_id, source_uri, stage, reason_code, "
+                                              "start_t_ns, end_t_ns, filename")
+    report["features"] = _features_of(store, cond, [keys], sessions)
+    report["faiss"] = _faiss_ids(report["features"])
+    report["cache"] = _cache_entries(store, report["features"])
+    report["pseudonyms"] = _pseudonyms(store, cond, keys, sessions)
+    report["files"] = _files(report, store)
+    report["counts"] = {k: len(report[k]) for k in ("sessions", "sources", "events", "timeline", "ctal",
+                                                    "drift_alarms", "quarantine", "features", "cache",
+                                                    "pseudonyms")}
+    report["counts"]["faiss_ids"] = sum(len(ix["feature_ids"]) for ix in report["faiss"])
+    return report
 
 
 def _faiss_ids(features: list[dict]) -> list[dict]:

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 from modalign.operators.modalities import PLANS
 from modalign.pipeline.commits import CommitLog, Snapshot, sweep
 from modalign.pipeline.discovery import Session, discover
+from modalign.pipeline.erasure import Denylist, carried_shared
 from modalign.pipeline.items import (ClockItem, DoneItem, EmbedItem, FaultItem, Item, MetaItem, QuarantineItem,
                                      SourceItem, SourceJob)
 from modalign.pipeline.layout import (OutputLayout, attempt_of, check_writable, storage_faults, write_fault,
@@ -115,6 +116,7 @@ class Runner:
         self._stop = threading.Event()  # set when the run must stop (an environment fault, a lost lease)
         self._stopped_by: ModalignError | None = None
         self.counts: Counter = Counter()
+        self.denylist = Denylist()  # the committed denylist of OUT, read once the lease is held
 
     # -- Ray ---------------------------------------------------------------------------
     def _init_ray(self) -> int:
@@ -145,6 +147,7 @@ class Runner:
             commits = CommitLog(lease.store)
             base = commits.latest()
             self._recover(base)
+            self.denylist = Denylist.load(self.out, base, self.key_store)  # erased sources and subjects
             committed = None
             try:
                 summary = self._run(sessions)
@@ -230,7 +233,7 @@ class Runner:
         with storage_faults(self.out):
             indexes = build_indexes(self.layout, features, self.attempt)
             summary["indexes"] = indexes
-            shared = [ix["path"] for ix in indexes]
+            shared = [ix["path"] for ix in indexes] + carried_shared(base)  # + the denylist, erasure reports
             new_files = [self.out / f for s in sessions.values() for f in s["files"]] + [self.out / f for f in shared]
             for folder in sorted({p.parent for p in new_files}):
                 fsync_dir(folder)
@@ -301,6 +304,8 @@ class Runner:
             problem = (QuarantineReason.LIMIT_EXCEEDED,
                        f"file is larger than ingest.max_file_bytes={self.config.ingest.max_file_bytes}")
         version = stat_version(path) if problem is None or problem[0] != QuarantineReason.FILE_MISSING else None
+        if problem is None and (erased := self.denylist.refusal(uri, version, path, m.subjects_of(spec))):
+            problem = (QuarantineReason.ERASED, erased)
         if problem:
             if spec.track_of is None:  # a video's own sound shares the video's file and its row
                 self.progress(f"quarantine {uri}: {problem[1]}")

@@ -78,6 +78,8 @@ class QuarantineReason(StrEnum):
     # not the input's fault, recorded so the source's missing rows are explained
     INTERNAL_ERROR = "internal_error"        # an operator bug; see the worker log
     WORKER_FAILED = "worker_failed"          # the ingest actor died while processing this source
+    # compliance
+    ERASED = "erased"                        # erased from OUT (``modalign lineage erase``): its denylist refuses it
 
 
 class ModalignError(Exception):
