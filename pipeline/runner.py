@@ -37,6 +37,7 @@ from modalign.pipeline.items import (ClockItem, DoneItem, EmbedItem, FaultItem, 
 from modalign.pipeline.layout import (OutputLayout, attempt_of, check_writable, storage_faults, write_fault,
                                       write_json, write_table)
 from modalign.pipeline.lease import Lease
+from modalign.pipeline.openlineage import RunLineage
 from modalign.pipeline.store import LocalStore
 from modalign.pipeline.worker import lineage_row, source_lineage
 from modalign.schemas.arrow import rows_to_table
@@ -116,6 +117,7 @@ class Runner:
         self._stop = threading.Event()  # set when the run must stop (an environment fault, a lost lease)
         self._stopped_by: ModalignError | None = None
         self.counts: Counter = Counter()
+        self.lineage = RunLineage(config.openlineage, self.out, self.run_id)  # OpenLineage events
         self.denylist = Denylist()  # the committed denylist of OUT, read once the lease is held
 
     # -- Ray ---------------------------------------------------------------------------
@@ -148,10 +150,15 @@ class Runner:
             base = commits.latest()
             self._recover(base)
             self.denylist = Denylist.load(self.out, base, self.key_store)  # erased sources and subjects
+            self.lineage.start(sessions)
             committed = None
             try:
                 summary = self._run(sessions)
                 committed = self._commit(lease, commits, base, summary)
+                self.lineage.complete(committed)
+            except BaseException as exc:
+                self.lineage.end(exc)  # FAIL, or ABORT when interrupted
+                raise
             finally:
                 if committed is None and self._holds(lease):  # nothing of this attempt is listed: remove it
                     self._sweep(base.files() if base else set(), quietly=True)
@@ -213,6 +220,7 @@ class Runner:
                 for k in ("ticks", "gaps", "ctal_rows", "drift_alarms"):
                     self.counts[k] += align[sid][k]
                 self._write_session_tables(st)
+                self.lineage.session_done(sid, st.lineage, st.files)
                 self.progress(f"align {sid}: {align[sid]['ticks']} ticks, {align[sid]['gaps']} gaps, "
                               f"{align[sid]['drift_alarms']} drift alarm(s)")
             cache_stats = self._get(embedder.flush.remote(), "the embed actor")

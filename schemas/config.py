@@ -160,6 +160,35 @@ class RuntimeConfig(_Strict):
                                "this is taken to be dead and its lease of OUT is taken over")
 
 
+class LineageHttpConfig(_Strict):
+    """An OpenLineage HTTP endpoint (Marquez and others): events are POSTed to ``url`` + ``endpoint``.
+
+    A failing endpoint never fails a run: the run logs one warning and stops sending to it,
+    and the file events in OUT are kept. The API key is read from the environment variable
+    ``api_key_env`` names, never from the config (the config is copied into run.json)."""
+
+    url: str = Field(max_length=2048, pattern=r"^https?://[^\s/@]+(/[^\s@]*)?$",
+                     description="base URL, http(s)://host[:port][/path]; no user:password@ (use api_key_env)")
+    endpoint: str = Field("api/v1/lineage", max_length=256, pattern=r"^[A-Za-z0-9_./-]*$",
+                          description="path joined to url")
+    api_key_env: str | None = Field(None, pattern=r"^[A-Z_][A-Z0-9_]{0,127}$",
+                                    description="environment variable holding the API key (sent as a bearer token)")
+    timeout_s: float = Field(5.0, gt=0, le=120, description="per request")
+    retries: int = Field(1, ge=0, le=10, description="retries of a failed request (connection errors and 5xx)")
+
+
+class LineageEventsConfig(_Strict):
+    """OpenLineage run events of a run (``modalign.pipeline.openlineage``)."""
+
+    enabled: bool = Field(True, description="emit OpenLineage events at all")
+    namespace: str = Field("modalign", max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]*$",
+                           description="job namespace of every event")
+    job_name: str = Field("modalign.run", max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]*$",
+                          description="job of the run; a session's job is JOB_NAME.session.SESSION_ID")
+    file: bool = Field(True, description="write each event as a JSON file into OUT/lineage/openlineage/")
+    http: LineageHttpConfig | None = Field(None, description="also POST every event here; None: file only")
+
+
 class RunConfig(_Strict):
     """Everything ``modalign run`` needs besides INPUT and --out."""
 
@@ -168,6 +197,7 @@ class RunConfig(_Strict):
     policy: DeidPolicy = DeidPolicy()
     embed: EmbedConfig = EmbedConfig()
     runtime: RuntimeConfig = RuntimeConfig()
+    openlineage: LineageEventsConfig = LineageEventsConfig()
     key_store: Path | None = Field(
         None, description="pseudonym key vault; default ~/.modalign/keys (never inside the output folder)"
     )
