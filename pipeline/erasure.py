@@ -149,8 +149,7 @@ class Denylist:
     @classmethod
     def load(cls, out: str | PathLike, snapshot: Snapshot | None, key_store: str | PathLike | None) -> "Denylist":
         """The denylist of ``snapshot``; ``ConfigError`` when it is not empty and the key store lacks its key."""
-        entries = [e for f in carried_shared(snapshot) if f.startswith(DENYLIST + "/")
-                   for e in json.loads((Path(out) / f).read_text(encoding="utf-8"))["entries"]]
+        entries = _committed_entries(Path(out), snapshot)
         if not entries:
             return cls()
         keys = ErasureKeys(key_store)
@@ -185,6 +184,11 @@ class Denylist:
             return None
         return (f"{what} from this output folder (erasure {hit['erasure_id'][:12]}, {hit['erased_at']}); the "
                 f"denylist refuses to ingest it again, see {RUNBOOK}")
+
+
+def _committed_entries(out: Path, snapshot: Snapshot | None) -> list[dict]:
+    return [e for f in carried_shared(snapshot) if f.startswith(DENYLIST + "/")
+            for e in json.loads((out / f).read_text(encoding="utf-8"))["entries"]]
 
 
 def _denylist_entries(key: bytes, erasure_id: str, erased_at: str, subject: str | None,
@@ -480,9 +484,13 @@ def _apply(root: Path, base: Snapshot, plan: _Plan, lease: Any, commits: CommitL
     # 5. the denylist entry, the new state's file lists, the signed report
     sources = [{k: o[k] for k in ("session_id", "source_id", "source_uri", "source_version", "source_sha256",
                                   "modality")} for o in plan.access["sources"]]
-    entries = _denylist_entries(denylist_key, erasure_id, erased_at, subject, sources)
-    deny_rel = f"{DENYLIST}/{attempt}.json"
-    write_json(root / deny_rel, {"format": FORMAT, "erasure_id": erasure_id, "erased_at": erased_at, "entries": entries})
+    known = {(e["kind"], e["key"]) for e in _committed_entries(root, base)}
+    entries = [e for e in _denylist_entries(denylist_key, erasure_id, erased_at, subject, sources)
+               if (e["kind"], e["key"]) not in known]  # an erasure asked twice adds nothing twice
+    deny_rel = f"{DENYLIST}/{attempt}.json" if entries else None
+    if deny_rel:
+        write_json(root / deny_rel, {"format": FORMAT, "erasure_id": erasure_id, "erased_at": erased_at,
+                                     "entries": entries})
     sessions: dict[str, dict] = {}
     for sid in sorted({f["session_id"] for f in plan.files}):
         if sid in plan.dropped_sessions:
@@ -491,7 +499,8 @@ def _apply(root: Path, base: Snapshot, plan: _Plan, lease: Any, commits: CommitL
         sessions[sid] = {**base.sessions[sid], "files": sorted(files)}
     parent = replace(base, sessions={s: v for s, v in base.sessions.items() if s not in plan.dropped_sessions})
     kept_shared = [f for f in base.shared if f not in {ix["path"] for ix in plan.indexes}]
-    shared = sorted({*kept_shared, *(ix["path"] for ix in new_indexes), deny_rel, _report_rel(erasure_id)})
+    shared = sorted({*kept_shared, *(ix["path"] for ix in new_indexes), *([deny_rel] if deny_rel else []),
+                     _report_rel(erasure_id)})
     erased_pairs = {(s["session_id"], s["source_id"]) for s in sources}
     summary["alignment"] = {sid: [r for r in rows if (sid, r.get("source_id")) not in erased_pairs]
                             for sid, rows in summary.get("alignment", {}).items() if sid not in plan.dropped_sessions}
@@ -499,7 +508,7 @@ def _apply(root: Path, base: Snapshot, plan: _Plan, lease: Any, commits: CommitL
                           "counts": plan.counts()}
     new_state = {**parent.sessions, **sessions}
     remaining = sorted({f for s in new_state.values() for f in s["files"]} | set(shared) - {_report_rel(erasure_id)})
-    for folder in sorted({(root / f).parent for f in [*written, deny_rel]}):
+    for folder in sorted({(root / f).parent for f in [*written, *([deny_rel] if deny_rel else [])]}):
         fsync_dir(folder)
     report = {
         "format": FORMAT, "kind": "modalign-erasure-report", "erasure_id": erasure_id, "out": str(root),
@@ -663,7 +672,9 @@ def render_erasure(report: dict) -> str:
     if report.get("dry_run"):
         lines.append("  dry run: nothing was changed")
     else:
-        lines.append(f"  denylist: {report['denylist']['entries']} entries in {report['denylist']['path']}")
+        d = report["denylist"]
+        lines.append(f"  denylist: {d['entries']} new entries in {d['path']}" if d["path"] else
+                     "  denylist: nothing new (already denied)")
         lines.append(f"erasure report: {report['report_path']}")
     return "\n".join(lines)
 

@@ -1,0 +1,226 @@
+"""``modalign lineage erase | verify`` on a real run: two sessions sharing one subject.
+
+The generated sample meeting lists subject-0001 and subject-0002 for every source; the
+two-recorder audio session ``solo`` lists subject-0003 for both recorders and subject-0001
+for its room recorder alone. Erasing subject-0001 removes every source of the meeting and
+solo's room recorder; solo's lapel recorder (subject-0003 only) stays, row for row.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import modalign
+from modalign.operators.cache.index import FeatureIndex
+from modalign.pipeline.cli import main
+from modalign.pipeline.layout import TABLES
+from modalign.pipeline.lineage import access
+from modalign.pipeline.runner import Runner
+from modalign.schemas.config import RunConfig
+from signals import noise_bursts, record, write_wav
+
+pytestmark = pytest.mark.integration
+
+MS = 1_000_000
+S = "subject-0001"
+ERASED = {("sample-meeting", s) for s in ("room_video", "room_video.audio", "lapel", "slides")} | {("solo", "room")}
+
+
+@pytest.fixture(scope="module")
+def planted(ray_local, sample_manifest, tmp_path_factory) -> dict:
+    """One run over both sessions: its OUT (left as it is), INPUT, key store, and what access lists for S."""
+    d = tmp_path_factory.mktemp("erasure-in")
+    shutil.copytree(sample_manifest.parent, d / "meeting")
+    sound = noise_bursts(4, seed=7)
+    (d / "solo").mkdir()
+    write_wav(d / "solo" / "room.wav", record(sound, 3.0, 0, 0.0, 0.005, seed=8))
+    write_wav(d / "solo" / "lapel.wav", record(sound, 2.5, 250 * MS, 0.0, 0.01, seed=9))
+    (d / "solo" / "manifest.yaml").write_text(
+        "session_id: solo\nsubjects: [subject-0003]\nsources:\n"
+        f"  - {{id: room, uri: room.wav, modality: audio, subjects: [{S}]}}\n"
+        f"  - {{id: lapel, uri: lapel.wav, modality: audio, clock: {{offset_ns: {250 * MS}}}}}\n")
+    root = tmp_path_factory.mktemp("erasure-out")
+    keys = root / "keys"
+    out = root / "out"
+    summary = Runner(RunConfig(key_store=keys), out, progress=lambda _m: None).run(d)
+    assert summary["counts"]["sessions"] == 2 and summary["counts"]["quarantined"] == 0
+    return {"out": out, "input": d, "keys": keys, "access": access(out, S), "tables": _tables(out)}
+
+
+def _tables(out: Path) -> dict[str, list[dict]]:
+    output = modalign.open(out)
+    return {name: output.table(name).to_table().to_pylist() for name in TABLES}
+
+
+def _erased_row(table: str, r: dict) -> bool:
+    """Whether a row derives from an erased source (the rule ``access`` and ``erase`` share)."""
+    if table == "ctal":
+        return any((r["session_id"], m.split(":", 1)[-1]) in ERASED for m in r["modalities"])
+    if table == "drift_alarms":
+        return any((r["session_id"], s) in ERASED for s in r["sources"])
+    return (r["session_id"], r.get("source_id")) in ERASED
+
+
+def _multiset(rows: list[dict]) -> Counter:
+    return Counter(json.dumps(r, sort_keys=True, default=str) for r in rows)
+
+
+def _decoded(path: Path) -> bytes:
+    """A file's bytes, and for Parquet its decoded non-binary values too (pages are compressed)."""
+    data = path.read_bytes()
+    if path.suffix == ".parquet":
+        t = pq.read_table(path)
+        t = t.select([f.name for f in t.schema if not pa.types.is_binary(f.type)])
+        data += json.dumps(t.to_pylist(), default=str).encode()
+    if path.suffix == ".faiss":
+        data += " ".join(map(str, FeatureIndex.load(path).ids().tolist())).encode()
+    return data
+
+
+def _scan(out: Path, needles: dict[str, set]) -> dict[str, set]:
+    """Which needles (per kind) occur in any file of OUT (raw bytes, decoded Parquet, FAISS ids)."""
+    found: dict[str, set] = {k: set() for k in needles}
+    for p in sorted(out.rglob("*")):
+        if not p.is_file():
+            continue
+        data = _decoded(p)
+        for kind, values in needles.items():
+            for v in values - found[kind]:
+                as_bytes = [str(v).encode()] + ([np.int64(v).tobytes()] if kind == "feature ids" else [])
+                if any(b in data for b in as_bytes):
+                    found[kind].add(v)
+    return found
+
+
+@pytest.fixture(scope="module")
+def erased(planted, tmp_path_factory) -> dict:
+    """A copy of the planted OUT after ``modalign lineage erase OUT --subject S --json`` (timed)."""
+    import contextlib
+    import io
+    import time
+
+    out = tmp_path_factory.mktemp("erased") / "out"
+    shutil.copytree(planted["out"], out)
+    buf = io.StringIO()
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(buf):
+        assert main(["lineage", "erase", str(out), "--subject", S, "--key-store", str(planted["keys"]), "--json"]) == 0
+    report = json.loads(buf.getvalue())
+    print(f"erasure of {S}: {time.perf_counter() - t0:.2f} s")
+    return {"out": out, "report": report, "path": Path(report["report_path"])}
+
+
+def test_access_lists_what_was_planted_and_erase_removes_it_all(planted, erased):
+    rep = planted["access"]
+    assert {(o["session_id"], o["source_id"]) for o in rep["sources"]} == ERASED
+    before = planted["tables"]
+    for table, key in (("events_video", "events"), ("records", "timeline"), ("features", "features")):
+        n = sum(1 for r in before[table] if _erased_row(table, r))
+        assert n > 0
+    assert rep["counts"]["events"] == sum(1 for t in ("events_video", "events_audio", "events_pdf")
+                                          for r in before[t] if _erased_row(t, r))
+    assert {p["kind"] for p in rep["pseudonyms"]} >= {"person", "email"}
+
+    out, report = erased["out"], erased["report"]
+    assert erased["path"] == out / "lineage" / "erasure" / f"{report['erasure_id']}.json" and erased["path"].is_file()
+    # the counts per table are the rows access listed
+    c = report["counts"]
+    assert c["events_video"] + c["events_audio"] + c["events_pdf"] == rep["counts"]["events"]
+    assert (c["records"], c["features"], c["lineage_sources"], c["faiss_ids"]) == (
+        rep["counts"]["timeline"], rep["counts"]["features"], rep["counts"]["sources"], rep["counts"]["faiss_ids"])
+    assert c.get("ctal", 0) == rep["counts"]["ctal"] and report["sessions_dropped"] == ["sample-meeting"]
+    after = _tables(out)
+    for table in TABLES:  # nothing of S left; every other row exactly as it was (multisets)
+        assert not [r for r in after[table] if _erased_row(table, r)], table
+        assert _multiset([r for r in after[table] if not _erased_row(table, r)]) == _multiset(
+            [r for r in before[table] if not _erased_row(table, r)]), table
+    assert {(r["session_id"], r["source_id"]) for r in after["lineage_sources"]} == {("solo", "lapel")}
+    assert any(r["source_id"] == "lapel" for r in after["events_audio"]) and after["records"]
+    rewritten = {f["path"]: f["replaced_by"] for f in report["removed_files"] if f["action"] == "rewritten"}
+    assert any(p.startswith("records/solo/") for p in rewritten)  # solo's timeline held both recorders
+    snap = modalign.open(out).snapshot
+    assert set(rewritten.values()) <= snap.files() and not set(rewritten) & snap.files()
+    assert "sample-meeting" not in snap.sessions
+    assert access(out, S)["counts"] == {k: 0 for k in rep["counts"]}
+
+
+def test_a_byte_scan_of_out_finds_none_of_the_subjects_ids_pseudonyms_or_features(planted, erased):
+    rep = planted["access"]
+    needles = {"event ids": {e["event_id"] for e in rep["events"]},
+               "pseudonyms": {p["pseudonym"] for p in rep["pseudonyms"]},
+               "feature ids": {f["feature_id"] for f in rep["features"]}}
+    assert all(needles.values())
+    assert _scan(planted["out"], needles) == needles  # the scan does find them before the erasure
+    assert _scan(erased["out"], needles) == {k: set() for k in needles}
+    # the FAISS indexes hold none of the erased ids, and a search with an erased vector returns none
+    output = modalign.open(erased["out"])
+    erased_vectors = [r for r in planted["tables"]["features"] if _erased_row("features", r)]
+    assert output.run["indexes"]
+    for ix in output.run["indexes"]:
+        index = FeatureIndex.load(erased["out"] / ix["path"])
+        assert index.ntotal == ix["vectors"] and not set(index.ids().tolist()) & needles["feature ids"]
+        for r in erased_vectors:
+            if len(r["vector"]) == index.dim:
+                _, ids = index.search(np.asarray(r["vector"], np.float32), index.ntotal)
+                assert not set(ids[0].tolist()) & needles["feature ids"]
+    kept = set(output.table("features").to_table(columns=["cache_key"]).column("cache_key").to_pylist())
+    from modalign.operators.cache.store import FeatureCache
+
+    cached = FeatureCache(erased["out"] / "cache").keys()
+    assert not ({c["cache_key"] for c in rep["cache"]} - kept) & cached  # only entries other rows still name
+
+
+def test_verify_passes_and_a_tampered_report_fails(planted, erased, tmp_path, capsys):
+    keys = ["--key-store", str(planted["keys"])]
+    assert main(["lineage", "verify", str(erased["path"]), *keys, "--subject", S]) == 0
+    text = capsys.readouterr().out
+    assert "FAIL" not in text and "access --subject: empty" in text and "verified" in text
+    doc = json.loads(erased["path"].read_text())
+    for change in (lambda d: d["counts"].__setitem__("records", d["counts"]["records"] - 1),
+                   lambda d: d["remaining_files"].__setitem__(next(iter(d["remaining_files"])), "sha256:" + "0" * 64),
+                   lambda d: d["requested"].__setitem__("subject_key", "0" * 64)):
+        bad = json.loads(json.dumps(doc))
+        change(bad)
+        copy = tmp_path / "tampered.json"
+        copy.write_text(json.dumps(bad, indent=2, sort_keys=True))
+        assert main(["lineage", "verify", str(copy), "--out", str(erased["out"]), *keys]) == 1
+        assert "signature: HMAC-SHA256 does not match: the report was changed after it was signed" in \
+            capsys.readouterr().out
+    raw = bytearray(erased["path"].read_bytes())  # one byte of the file
+    i = raw.index(b'"erased_at": "') + len(b'"erased_at": "') + 3
+    raw[i] = ord("7") if raw[i] != ord("7") else ord("8")
+    (tmp_path / "byte.json").write_bytes(bytes(raw))
+    assert main(["lineage", "verify", str(tmp_path / "byte.json"), "--out", str(erased["out"]), *keys]) == 1
+    assert "does not match" in capsys.readouterr().out
+    # the access query is the proof: a report about another subject names it as such
+    assert main(["lineage", "verify", str(erased["path"]), *keys, "--subject", "subject-0003"]) == 1
+    assert "not about the given subject" in capsys.readouterr().out
+
+
+def test_a_rerun_of_the_erased_sources_is_refused_by_the_denylist(planted, erased, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(erased["out"], out)
+    summary = Runner(RunConfig(key_store=planted["keys"]), out, progress=lambda _m: None).run(planted["input"])
+    q = modalign.open(out).table("quarantine").to_table().to_pylist()
+    refused = {(r["session_id"], r["source_id"]) for r in q if r["reason_code"] == "erased"}
+    assert refused == ERASED - {("sample-meeting", "room_video.audio")}  # a video's own sound shares its row
+    assert summary["counts"]["quarantined"] == len(refused) and summary["exit_code"] == 3
+    for r in q:
+        assert "erased from this output folder" in r["message"] and S not in r["message"] and r["source_uri"]
+    assert access(out, S)["counts"]["sources"] == 0
+    lapel = lambda r: r["source_id"] == "lapel" and r["session_id"] == "solo"  # noqa: E731
+    got = modalign.open(out).table("events_audio").to_table().to_pylist()
+    assert _multiset([r for r in got if lapel(r)]) == _multiset(
+        [r for r in planted["tables"]["events_audio"] if lapel(r)]) and any(lapel(r) for r in got)
+    # the denylist and the report outlive the run's commit
+    snap = modalign.open(out).snapshot
+    assert f"lineage/erasure/{erased['report']['erasure_id']}.json" in snap.shared
+    assert any(f.startswith("lineage/denylist/") for f in snap.shared)
