@@ -389,6 +389,7 @@ def erase(out: str | PathLike, *, subject: str | None = None, source: str | None
     what would be removed, nothing written, no lease taken)."""
     from modalign.pipeline.lease import DEFAULT_TTL_S, Lease
     from modalign.pipeline.lineage import LineageStore, validate_subject
+    from modalign.pipeline.openlineage import emit_erasure
     from modalign.pipeline.store import LocalStore
 
     say = progress or (lambda _m: None)
@@ -413,8 +414,14 @@ def erase(out: str | PathLike, *, subject: str | None = None, source: str | None
         denylist_key = keys.get(DENYLIST_KEY, create=True)
         signing_key = keys.get(SIGNING_KEY, create=True)
         assert denylist_key is not None and signing_key is not None
-        report, snap = _apply(root, base, plan, lease, commits, erasure_id, attempt, subject, source, scope,
-                              denylist_key, signing_key, started, say)
+        emit_erasure(root, erasure_id, [], event_type="START")  # OpenLineage: the erasure's own run
+        try:
+            report, snap = _apply(root, base, plan, lease, commits, erasure_id, attempt, subject, source, scope,
+                                  denylist_key, signing_key, started, say)
+        except BaseException as exc:
+            emit_erasure(root, erasure_id, [], event_type="FAIL", error=exc)
+            raise
+        emit_erasure(root, erasure_id, [f["replaced_by"] for f in report["removed_files"] if f["replaced_by"]])
         layout = OutputLayout(root)
         write_json(layout.run_json, snap.summary)
         removed = sweep(root, snap.files(), layout.data_folders())
