@@ -482,7 +482,10 @@ class Emitter:
                 log.warning("environment fault: OpenLineage HTTP transport %s unusable (%s); file events only",
                             config.http.url, exc)
         self.transports = _Transports(self.out / EVENTS_DIR if config.file else None, http, run_id)
-        self.client = OpenLineageClient(transport=self.transports)  # type: ignore[arg-type]
+        # The client can add the current folder's git checkout as the job's source code (the user's
+        # folder, not modalign's code, and a remote URL can hold a token): switched off.
+        self.client = OpenLineageClient(transport=self.transports,  # type: ignore[arg-type]
+                                        config={"facets": {"source_code_location": {"disabled": True}}})
 
     def emit(self, event: Any) -> None:
         if self.client is None:
