@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from modalign.pipeline.commits import CommitLog, Snapshot, sweep
-from modalign.pipeline.layout import CTAL_JSONL, INDEX, TABLES, OutputLayout, attempt_of, write_json, write_table
+from modalign.pipeline.layout import CTAL_JSONL, TABLES, OutputLayout, attempt_of, write_json, write_table
 from modalign.schemas.errors import ConfigError
 from modalign.schemas.files import atomic_write, fsync_dir, sha256_file
 
@@ -161,7 +161,8 @@ class Denylist:
                               f"store the erasure used (key_store or $MODALIGN_KEY_STORE), see {RUNBOOK}")
         return cls(tuple(entries), key)
 
-    def refusal(self, uri: str, version: str | None, path: Path | None, subjects: tuple[str, ...] | list[str]) -> str | None:
+    def refusal(self, uri: str, version: str | None, path: Path | None,
+                subjects: tuple[str, ...] | list[str]) -> str | None:
         """Why a source may not be ingested (a quarantine message that names no subject), or None."""
         if not self.entries:
             return None
@@ -196,8 +197,9 @@ def _denylist_entries(key: bytes, erasure_id: str, erased_at: str, subject: str 
     base = {"key_id": key_id(key), "erasure_id": erasure_id, "erased_at": erased_at}
     entries = [{**base, "kind": "subject", "key": keyed(key, "subject", subject)}] if subject else []
     for s in sources:
-        entries.append({**base, "kind": "source", "key": keyed(key, "source", f"{s['source_uri']}\x1f{s['source_version']}"),
-                        "source_version": s["source_version"]})
+        version = s["source_version"]
+        entries.append({**base, "kind": "source", "key": keyed(key, "source", f"{s['source_uri']}\x1f{version}"),
+                        "source_version": version})
         sha = _sha_hex(s.get("source_sha256"))
         if sha:
             m = _LOCAL_VERSION.fullmatch(s["source_version"])
@@ -625,7 +627,8 @@ def verify(report_path: str | PathLike, *, out: str | PathLike | None = None,
               f"{len(remaining) - len(replaced)} remaining file(s) unchanged, {len(replaced)} replaced and "
               f"{len(added)} added by later commits" + (f"; {len(changed)} CHANGED IN PLACE: {', '.join(changed[:5])}"
                                                         if changed else ""))
-    back = [f["path"] for f in doc["removed_files"] + doc["indexes"] if f["path"] in current or (root / f["path"]).exists()]
+    back = [f["path"] for f in doc["removed_files"] + doc["indexes"]
+            if f["path"] in current or (root / f["path"]).exists()]
     check("removed", not back, f"none of the {len(doc['removed_files']) + len(doc['indexes'])} removed file(s) is "
           "committed or on disk" if not back else f"{len(back)} removed file(s) are back: {', '.join(back[:5])}")
     dkey = keys.get(DENYLIST_KEY, create=False)

@@ -202,9 +202,9 @@ def test_the_denylist_refuses_erased_subjects_versions_and_contents(out, tmp_pat
     src = tmp_path / "a.wav"
     src.write_bytes(b"RIFF" + bytes(range(200)))
     key = ErasureKeys(keys).get("denylist", create=False)
-    entries = _denylist_entries(key, "e" * 32, "now", None, [{"source_uri": src.as_uri(), "source_version": "local:204:5",
-                                                              "source_sha256": "sha256:" + hashlib.sha256(
-                                                                  src.read_bytes()).hexdigest()}])
+    sha = hashlib.sha256(src.read_bytes()).hexdigest()
+    entries = _denylist_entries(key, "e" * 32, "now", None, [
+        {"source_uri": src.as_uri(), "source_version": "local:204:5", "source_sha256": "sha256:" + sha}])
     copy = tmp_path / "b.wav"
     shutil.copy(src, copy)
     assert Denylist(tuple(entries), key).refusal(copy.as_uri(), "local:204:9", copy, []).startswith(
