@@ -276,18 +276,31 @@ def _sources_by_modality(rows: Iterable[dict]) -> dict[str, list[tuple[str, str]
     return out
 
 
+KEEPS = frozenset({"keep", "waveform_dropped"})  # header methods that leave the personal data in (MFCCs of a voice)
+
+
+def masking_of(rows: Iterable[dict]) -> dict[str, bool]:
+    """Per modality: whether de-identification masked its personal data (a method other than keep)."""
+    out: dict[str, bool] = defaultdict(bool)
+    for r in rows:
+        out[r["modality"]] |= any(h["method"] not in KEEPS for h in r["deid"] or [])
+    return dict(out)
+
+
 def column_lineage_facet(table: str, tables: dict[str, tuple[str, str]],
-                         sources: dict[str, list[tuple[str, str]]], masking: bool = True) -> Any | None:
+                         sources: dict[str, list[tuple[str, str]]], masking: dict[str, bool] | None = None) -> Any | None:
     """The ``columnLineage`` facet of ``table`` given the datasets the event has: ``tables``
-    (table -> (namespace, name)) and ``sources`` (modality -> [(namespace, name)])."""
+    (table -> (namespace, name)), ``sources`` (modality -> [(namespace, name)]) and ``masking``
+    (modality -> whether its de-identification masks: ``masking_of``)."""
     cl = _facets()[0]
     fields = {}
     for column, derivations in COLUMN_LINEAGE.get(table, {}).items():
         inputs = []
         for src, src_col, subtype, description in derivations:
             if src.startswith("source:"):
-                targets = sources.get(src.split(":", 1)[1], [])
-                is_masking = masking and subtype == "TRANSFORMATION"
+                modality = src.split(":", 1)[1]
+                targets = sources.get(modality, [])
+                is_masking = bool((masking or {}).get(modality)) and subtype == "TRANSFORMATION"
             else:
                 targets = [tables[src]] if src in tables else []
                 is_masking = False
@@ -336,7 +349,7 @@ def output_datasets(out: Path, files: Iterable[str], rows: list[dict], version: 
         facets: dict[str, Any] = {"schema": schema_facet(TABLES[t])}
         if feeding:  # a writer that knows no sources (an erasure) has nothing to say about them
             facets[DEID_FACET] = deid_facet(feeding)
-        lineage = column_lineage_facet(t, tables, sources)
+        lineage = column_lineage_facet(t, tables, sources, masking_of(rows))
         if lineage is not None:
             facets["columnLineage"] = lineage
         if version is not None:

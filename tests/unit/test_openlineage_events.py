@@ -176,7 +176,14 @@ def test_column_lineage_names_real_columns_and_follows_derivations(rows, tmp_pat
         (str(out / "events/video"), "frame_jpeg"), (str(out / "events/audio"), "mfcc"), (str(out / "events/pdf"), "text")}
     text = outputs[str(out / "events/pdf")]["columnLineage"]["fields"]["text"]["inputFields"]
     assert {(f["name"], f["field"]) for f in text} == {(str(tmp_path / "in" / n), "pages") for n in ("slides.pdf", "deck.pdf")}
-    assert all(t["masking"] for f in text for t in f["transformations"])
+    assert all(t["masking"] for f in text for t in f["transformations"])  # pseudonymised
+    mfcc = outputs[str(out / "events/audio")]["columnLineage"]["fields"]["mfcc"]["inputFields"]
+    assert all(t["masking"] for f in mfcc for t in f["transformations"])  # anonymised before MFCC
+    kept = [r.model_copy(update={"deid": [h.model_copy(update={"method": "waveform_dropped"}) for h in r.deid]})
+            if r.modality == "audio" else r for r in rows]  # voice policy keep_mfcc: the voice is still in the MFCCs
+    outputs = {o["name"]: o["facets"] for o in _event(kept, out)["outputs"]}
+    mfcc = outputs[str(out / "events/audio")]["columnLineage"]["fields"]["mfcc"]["inputFields"]
+    assert mfcc and not any(t["masking"] for f in mfcc for t in f["transformations"])
     records = outputs[str(out / "records")]["columnLineage"]["fields"]["event_id"]["inputFields"]
     assert {f["name"] for f in records} == {str(out / p) for p in ("events/video", "events/audio", "events/pdf")}
     assert "drift_alarms" not in {Path(n).name for n in outputs}  # no file of it: not an output, not referenced
