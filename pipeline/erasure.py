@@ -56,7 +56,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from modalign.pipeline.commits import CommitLog, Snapshot, sweep
-from modalign.pipeline.layout import CTAL_JSONL, TABLES, OutputLayout, attempt_of, write_json, write_table
+from modalign.pipeline.layout import (CTAL_JSONL, TABLES, OutputLayout, attempt_of, safe_name, write_json,
+                                      write_table)
 from modalign.schemas.errors import ConfigError
 from modalign.schemas.files import atomic_write, fsync_dir, sha256_file
 
@@ -352,28 +353,40 @@ def _plan(store: Any, pairs: set[tuple[str, str]], attempt: str) -> _Plan:
         if f["index_file"]:
             erased_ids[f["index_file"]].add(int(f["feature_id"]))
     indexes = [{"path": ix, "feature_ids": sorted(ids)} for ix, ids in sorted(erased_ids.items())]
-    cache_keys, shared = _cache_plan(store, access, {f["path"] for f in files})
+    cache_keys, shared = _cache_plan(store, access)
     return _Plan(pairs, access, files, keep, indexes, cache_keys, shared, dropped)
 
 
-def _cache_plan(store: Any, access: dict, touched: set[str]) -> tuple[list[str], int]:
-    """(cache keys to remove, how many erased rows' keys stay because remaining rows name them)."""
-    import pyarrow.dataset as ds
+def _cache_plan(store: Any, access: dict) -> tuple[list[str], int]:
+    """(cache keys to remove, how many erased rows' keys stay because remaining rows name them, or
+    because a remaining row's entry was pooled from them: a content-addressed entry is shared)."""
+    from modalign.operators.cache.store import SEGMENT_GLOB
+    from modalign.pipeline.lineage import _sql_list
 
-    named = {c["cache_key"]: c.get("parent_key") for c in access["cache"] if c.get("segment")}
+    named = {c["cache_key"]: c["granularity"] for c in access["cache"] if c.get("segment")}
     if not named:
         return [], 0
-    erased_features = {f["feature_id"] for f in access["features"]}
-    others = [str(store.root / f) for f in store.files("features")]
-    t = ds.dataset(others, format="parquet").to_table(columns=["feature_id", "cache_key"]) if others else None
-    still = set() if t is None else {k for i, k in zip(t.column("feature_id").to_pylist(),
-                                                         t.column("cache_key").to_pylist()) if i not in erased_features}
-    if still:  # and the patch grids those were pooled from
-        from modalign.operators.cache.store import FeatureCache
-
-        cat = FeatureCache(store.output.layout.cache_dir).catalog()
-        still |= {p for k, p in zip(cat.column("cache_key").to_pylist(), cat.column("parent_key").to_pylist())
-                  if p and k in still}
+    erased_features = [f["feature_id"] for f in access["features"]]
+    # a key hashes its model and granularity: only feature files of those can name it
+    groups = store.output.layout.feature_groups(store.files("features"))
+    wanted = {(safe_name(c["model_id"]), c["granularity"]) for c in access["cache"]}
+    features = store.source("features", files=[f for g in sorted(wanted) for f in groups.get(g, [])])
+    store.con.execute("SET enable_progress_bar = false")  # a long scan must not draw on the terminal
+    still = {r["cache_key"] for r in store.query(
+        f"SELECT DISTINCT cache_key FROM ({features}) WHERE cache_key IN (SELECT unnest(?)) "
+        "AND feature_id NOT IN (SELECT unnest(?))", [sorted(named), erased_features or [0]])}
+    grids = sorted(k for k, g in named.items() if g == "patch" and k not in still)
+    if grids:  # a grid stays while a remaining row's entry was pooled from it
+        segments = sorted(store.output.layout.cache_dir.glob(SEGMENT_GLOB))
+        children = [r["cache_key"] for r in store.query(
+            f"SELECT DISTINCT cache_key FROM read_parquet({_sql_list(str(p) for p in segments)}, union_by_name = "
+            "true) WHERE parent_key IN (SELECT unnest(?))", [grids])] if segments else []
+        kept = {r["cache_key"] for r in store.query(
+            f"SELECT DISTINCT cache_key FROM ({store.source('features')}) WHERE cache_key IN (SELECT unnest(?)) "
+            "AND feature_id NOT IN (SELECT unnest(?))", [children or [""], erased_features or [0]])}
+        still |= {r["parent_key"] for r in store.query(
+            f"SELECT DISTINCT parent_key FROM read_parquet({_sql_list(str(p) for p in segments)}, union_by_name = "
+            "true) WHERE cache_key IN (SELECT unnest(?))", [sorted(kept) or [""]])} if kept else set()
     doomed = sorted(k for k in named if k not in still)
     return doomed, len(named) - len(doomed)
 

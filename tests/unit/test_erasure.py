@@ -215,6 +215,28 @@ def test_the_denylist_refuses_erased_subjects_versions_and_contents(out, tmp_pat
     assert QuarantineReason("erased") is QuarantineReason.ERASED
 
 
+def test_a_cache_entry_a_remaining_row_also_names_stays(out):
+    """Content-addressed: the same bytes in another session's source share one entry, which stays."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from modalign.operators.cache.store import FeatureCache
+
+    acc = access(out, "speaker-01")
+    mine, erased_keys = acc["features"][0], {c["cache_key"] for c in acc["cache"]}
+    other = next(out / f for f in modalign.open(out).snapshot.files()
+                 if f.startswith("features/") and "/bench-0000/lapel-" in f)
+    t = pq.read_table(other)
+    keys = t.column("cache_key").to_pylist()
+    t = t.set_column(t.schema.get_field_index("cache_key"), "cache_key",
+                     pa.array([mine["cache_key"]] + keys[1:], t.schema.field("cache_key").type))
+    pq.write_table(t, other)
+    rep = erase(out, subject="speaker-01")
+    assert rep["cache"] == {"entries_removed": len(erased_keys) - 1, "entries_kept_shared": 1}
+    cached = FeatureCache(out / "cache").keys()
+    assert mine["cache_key"] in cached and not (erased_keys - {mine["cache_key"]}) & cached
+
+
 def test_renamed_replaces_the_attempt_token_only():
     assert renamed("records/s-1/0123456789ab.parquet", "fedcba987654") == "records/s-1/fedcba987654.parquet"
     assert renamed("events/audio/s/lapel-x-0123456789ab-00003.parquet", "fedcba987654") == \
