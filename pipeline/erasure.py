@@ -405,6 +405,7 @@ def erase(out: str | PathLike, *, subject: str | None = None, source: str | None
     from modalign.pipeline.lease import DEFAULT_TTL_S, Lease
     from modalign.pipeline.lineage import LineageStore, validate_subject
     from modalign.pipeline.openlineage import emit_erasure
+    from modalign.pipeline.outputs import Output
     from modalign.pipeline.store import LocalStore
 
     say = progress or (lambda _m: None)
@@ -417,6 +418,7 @@ def erase(out: str | PathLike, *, subject: str | None = None, source: str | None
         with LineageStore(root) as store:
             plan = _plan(store, erased_sources(store, subject=subject, source=source, scope=scope), attempt)
             return _dry_report(store, plan, subject, source, scope)
+    Output(root)  # ConfigError before the lease: no such folder, or not an output folder
     started = time.time()
     with Lease(LocalStore(root), erasure_id, ttl_s=lease_ttl_s or DEFAULT_TTL_S) as lease:
         commits = CommitLog(lease.store)

@@ -142,6 +142,9 @@ def test_session_scope_takes_the_whole_session_and_a_source_erasure_takes_one_so
         erase(out, source="file:///rec/nowhere.mp4")
     with pytest.raises(ConfigError, match="not a data-subject id"):
         erase(out, subject="Jane Doe")
+    with pytest.raises(ConfigError, match="does not exist"):  # refused before any lease record is written
+        erase(out.parent / "no-such-out", subject="speaker-02")
+    assert not (out.parent / "no-such-out").exists()
 
 
 def test_verify_passes_fails_on_tampering_and_says_what_changed_since(out, tmp_path):
