@@ -96,7 +96,7 @@ def cmd_lineage_access(args: argparse.Namespace) -> int:
     from modalign.pipeline.lineage import access, render_access, render_access_html, to_json, write_report
 
     fmt = "json" if args.json else args.format
-    report = access(Path(args.out), args.subject)
+    report = access(Path(args.out), args.subject, registry=args.registry, key_store=args.key_store)
     text = {"json": to_json, "html": render_access_html, "text": render_access}[fmt](report)
     if args.report:
         path = write_report(args.report, text, args.out)
@@ -112,7 +112,8 @@ def cmd_lineage_erase(args: argparse.Namespace) -> int:
     from modalign.pipeline.lineage import to_json
 
     report = erase(Path(args.out), subject=args.subject, source=args.source, scope=args.scope, dry_run=args.dry_run,
-                   key_store=args.key_store, progress=None if args.json else _progress)
+                   key_store=args.key_store, progress=None if args.json else _progress, registry=args.registry,
+                   mentions=not args.keep_mentions)
     print(to_json(report) if args.json else render_erasure(report))
     return 0
 
@@ -215,6 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", dest="report", metavar="FILE", help="write the report to FILE (outside OUT) instead "
                                                                  "of printing it")
     sp.add_argument("--json", action="store_true", help="same as --format json")
+    sp.add_argument("--key-store", help="key store folder (outside OUT) with the pseudonym keys; default "
+                                        "$MODALIGN_KEY_STORE or ~/.modalign/keys")
+    sp.add_argument("--registry", metavar="FILE", help="subject registry (outside OUT; default subjects.yaml in the "
+                                                       "key store, when it exists): also find documents of any "
+                                                       "session that mention S, by S's keyed pseudonyms")
     sp = lsub.add_parser("erase", help="GDPR Art. 17: remove every row derived from a data subject or a source",
                          description="GDPR Art. 17: physically remove every row derived from a data subject's or one "
                                      "source's recordings (events, timeline, CTAL, features, quarantine and lineage "
@@ -233,6 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--dry-run", action="store_true", help="print what would be removed; change nothing")
     sp.add_argument("--key-store", help="key store folder (outside OUT) with the denylist and signing keys; "
                                         "default $MODALIGN_KEY_STORE or ~/.modalign/keys")
+    sp.add_argument("--registry", metavar="FILE", help="subject registry (outside OUT; default subjects.yaml in the "
+                                                       "key store, when it exists): also find documents of any "
+                                                       "session that mention S, by S's keyed pseudonyms")
+    sp.add_argument("--keep-mentions", action="store_true",
+                    help="with a registry: leave the documents of other sessions that merely mention S (they are "
+                         "erased whole by default)")
     sp.add_argument("--json", action="store_true", help="machine-readable output (the report)")
     sp = lsub.add_parser("verify", help="check a signed erasure report against the output folder",
                          description="check an erasure report: its signature, its remaining files against the "

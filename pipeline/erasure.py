@@ -221,9 +221,12 @@ def _source_uri(source: str) -> str:
 
 
 def erased_sources(store: Any, *, subject: str | None = None, source: str | None = None,
-                   scope: str = "source") -> set[tuple[str, str]]:
-    """(session, source) pairs an erasure of ``subject`` (with ``scope``) or of ``source`` removes."""
-    from modalign.pipeline.lineage import subject_sources
+                   scope: str = "source", registry: str | PathLike | None = None,
+                   key_store: str | PathLike | None = None, mentions: bool = True) -> set[tuple[str, str]]:
+    """(session, source) pairs an erasure of ``subject`` (with ``scope``) or of ``source`` removes;
+    with a subject registry (``lineage.subject_mentions``) and ``mentions``, also every document
+    source of any session whose text carries one of the subject's keyed pseudonyms, whole."""
+    from modalign.pipeline.lineage import subject_mentions, subject_sources
 
     if (subject is None) == (source is None):
         raise ConfigError("give exactly one of --subject S or --source URI")
@@ -236,6 +239,8 @@ def erased_sources(store: Any, *, subject: str | None = None, source: str | None
             pairs = {(r["session_id"], r["source_id"]) for r in store.rows(
                 "lineage_sources", "session_id IN (SELECT unnest(?))", [sessions], sessions,
                 columns="session_id, source_id")}
+        if mentions:
+            pairs |= {(m["session_id"], m["source_id"]) for m in subject_mentions(store, subject, registry, key_store) or []}
         return pairs
     uri = _source_uri(str(source))
     rows = store.query(f"SELECT session_id, source_id FROM {store.view('lineage_sources')} WHERE source_uri = ?", [uri])
@@ -399,9 +404,12 @@ def _hashes(root: Path, files: list[str]) -> dict[str, str]:
 
 def erase(out: str | PathLike, *, subject: str | None = None, source: str | None = None, scope: str = "source",
           dry_run: bool = False, key_store: str | PathLike | None = None, lease_ttl_s: float | None = None,
-          progress: Callable[[str], None] | None = None) -> dict:
+          progress: Callable[[str], None] | None = None, registry: str | PathLike | None = None,
+          mentions: bool = True) -> dict:
     """Erase a data subject or a source from ``out`` (module docstring); returns the report (``dry_run``:
-    what would be removed, nothing written, no lease taken)."""
+    what would be removed, nothing written, no lease taken). ``registry`` (or ``subjects.yaml`` in
+    the key store) and ``mentions``: documents of other sessions that carry the subject's keyed
+    pseudonyms are erased too (``erased_sources``)."""
     from modalign.pipeline.lease import DEFAULT_TTL_S, Lease
     from modalign.pipeline.lineage import LineageStore, validate_subject
     from modalign.pipeline.openlineage import emit_erasure
@@ -416,7 +424,8 @@ def erase(out: str | PathLike, *, subject: str | None = None, source: str | None
     attempt = attempt_of(erasure_id)
     if dry_run:
         with LineageStore(root) as store:
-            plan = _plan(store, erased_sources(store, subject=subject, source=source, scope=scope), attempt)
+            plan = _plan(store, erased_sources(store, subject=subject, source=source, scope=scope,
+                                                registry=registry, key_store=key_store, mentions=mentions), attempt)
             return _dry_report(store, plan, subject, source, scope)
     Output(root)  # ConfigError before the lease: no such folder, or not an output folder
     started = time.time()
@@ -427,7 +436,8 @@ def erase(out: str | PathLike, *, subject: str | None = None, source: str | None
             raise ConfigError(f"{root} has no commit: nothing to erase")
         _recover(root, base, say)
         with LineageStore(root) as store:
-            plan = _plan(store, erased_sources(store, subject=subject, source=source, scope=scope), attempt)
+            plan = _plan(store, erased_sources(store, subject=subject, source=source, scope=scope,
+                                                registry=registry, key_store=key_store, mentions=mentions), attempt)
         denylist_key = keys.get(DENYLIST_KEY, create=True)
         signing_key = keys.get(SIGNING_KEY, create=True)
         assert denylist_key is not None and signing_key is not None

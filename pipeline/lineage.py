@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from modalign.pipeline.commits import CommitLog
-from modalign.pipeline.layout import CTAL_JSONL, INDEX, TABLES, safe_name
+from modalign.pipeline.layout import CTAL_JSONL, INDEX, TABLES
 from modalign.pipeline.outputs import Output
 from modalign.schemas.errors import ConfigError
 
@@ -493,11 +493,35 @@ def validate_subject(subject: str) -> str:
                           "digits, '_', '.', ':', '-'; e.g. subject-0001), never a name or an e-mail") from None
 
 
-def access(out: str | PathLike, subject: str) -> dict:
-    """Everything OUT holds that derives from data subject ``subject`` (see the module docstring)."""
+def access(out: str | PathLike, subject: str, registry: str | PathLike | None = None,
+           key_store: str | PathLike | None = None) -> dict:
+    """Everything OUT holds that derives from data subject ``subject`` (see the module docstring).
+
+    With a subject registry (``registry``, or ``subjects.yaml`` in the key store when it
+    exists; ``modalign.pipeline.subjects``) the report also lists ``mentions``: document
+    events of any session that carry one of the subject's keyed pseudonyms."""
     subject = validate_subject(subject)
     with LineageStore(out) as store:
-        return {"subject": subject, **report_of(store, subject_sources(store, subject))}
+        report = {"subject": subject, **report_of(store, subject_sources(store, subject))}
+        found = subject_mentions(store, subject, registry, key_store)
+        if found is not None:
+            report["mentions"] = found
+            report["counts"]["mentions"] = len(found)
+        return report
+
+
+def subject_mentions(store: LineageStore, subject: str, registry: str | PathLike | None = None,
+                     key_store: str | PathLike | None = None) -> list[dict] | None:
+    """The document events of any session carrying ``subject``'s keyed pseudonyms (computed from
+    the registry's identifiers with the tenant key); None without a registry (none given and
+    none in the key store). A subject the registry does not list has none."""
+    from modalign.pipeline.subjects import load_registry, mentions, registry_path, subject_pseudonyms
+
+    path = registry_path(registry, key_store)
+    if registry is None and not path.is_file():
+        return None
+    entry = load_registry(path, out=store.root).entry(subject)
+    return mentions(store, subject_pseudonyms(entry, key_store)) if entry is not None else []
 
 
 def subject_sources(store: LineageStore, subject: str) -> set[tuple[str, str]]:
@@ -705,6 +729,8 @@ def render_access(report: dict) -> str:
         lines += _origin_lines(o)
     for p in report["pseudonyms"]:
         lines.append(f"pseudonym {p['pseudonym']} ({p['kind']}): {p['occurrences']} occurrence(s)")
+    for m in report.get("mentions", []):
+        lines.append(f"mentioned as {m['pseudonym']} ({m['kind']}) in {m['event_id']}: {m['occurrences']} time(s)")
     lines.append("files holding these rows: " + ", ".join(f"{t} {len(fs)}" for t, fs in report["files"].items()))
     return "\n".join(lines)
 
@@ -767,6 +793,8 @@ def render_access_html(report: dict) -> str:
                 ["index_file", "model_id", "granularity", "feature_ids"]),
         section("Feature cache entries", report["cache"], ["cache_key", "granularity", "model_id", "segment"]),
         section("Pseudonyms", report["pseudonyms"], ["pseudonym", "kind", "occurrences"]),
+        section("Mentions in documents (subject registry)", report.get("mentions", []),
+                ["session_id", "source_id", "event_id", "pseudonym", "kind", "occurrences"]),
         section("Quarantined inputs", report["quarantine"], ["session_id", "source_id", "stage", "reason_code"]),
         section("Files holding these rows", [{"table": t, **f} for t, fs in report["files"].items() for f in fs],
                 ["table", "path", "rows"]),

@@ -35,6 +35,7 @@ from modalign.schemas.load import read_mapping, validate_mapping
 from modalign.schemas.manifest import SubjectId
 
 REGISTRY_NAME = "subjects.yaml"
+TOKEN_PATTERN = r"<[A-Z_]+_[0-9a-f]{8}>|\b[0-9a-f]{64}\b"  # what pseudonymise and hash write
 Identifiers = list[str]
 
 
@@ -124,8 +125,11 @@ def mentions(store, tokens: dict[str, str], sessions: list[str] | None = None) -
     pseudonym, occurrences), sorted. ``store`` is a ``modalign.pipeline.lineage.LineageStore``."""
     if not tokens:
         return []
+    # a token may share its word with punctuation ("(<PERSON_3f9a1c2b>,"): the tokens in each word
+    found = (f"SELECT session_id, source_id, event_id, unnest(regexp_extract_all(w.text, '{TOKEN_PATTERN}')) AS t "
+             f"FROM (SELECT session_id, source_id, event_id, unnest(words) AS w FROM "
+             f"({store.source('events_pdf', sessions)}))")
     rows = store.query(
-        "SELECT session_id, source_id, event_id, w.text AS pseudonym, count(*) AS occurrences FROM "
-        f"(SELECT session_id, source_id, event_id, unnest(words) AS w FROM ({store.source('events_pdf', sessions)})) "
-        "WHERE w.text IN (SELECT unnest(?)) GROUP BY ALL ORDER BY 1, 2, 3, 4", [sorted(tokens)])
+        f"SELECT session_id, source_id, event_id, t AS pseudonym, count(*) AS occurrences FROM ({found}) "
+        "WHERE t IN (SELECT unnest(?)) GROUP BY ALL ORDER BY 1, 2, 3, 4", [sorted(tokens)])
     return [{**r, "kind": tokens[r["pseudonym"]]} for r in rows]

@@ -1,6 +1,8 @@
 """``modalign lineage trace | access`` on a real run: the generated sample meeting (session
 subjects subject-0001 and subject-0002) and a two-recorder audio session whose room recorder
-alone lists subject-0007 (a per-source subject) beside the session's subject-0001.
+alone lists subject-0007 (a per-source subject) beside the session's subject-0001, and a
+session "deck" holding the meeting's slides again but listing no subject (found through the
+subject registry only).
 
 Every answer is checked against a direct pyarrow read of the committed tables."""
 
@@ -40,9 +42,12 @@ def run_out(ray_local, sample_manifest, tmp_path_factory) -> tuple[Path, Path]:
         "session_id: solo\nsubjects: [subject-0001]\nsources:\n"
         "  - {id: room, uri: room.wav, modality: audio, subjects: [subject-0007]}\n"
         f"  - {{id: lapel, uri: lapel.wav, modality: audio, clock: {{offset_ns: {250 * MS}}}}}\n")
+    (d / "deck").mkdir()  # the meeting's slides again, in a session that lists no subject
+    shutil.copy(sample_manifest.parent / "slides.pdf", d / "deck" / "slides.pdf")
+    (d / "deck" / "manifest.yaml").write_text("session_id: deck\nsources:\n  - {id: slides, uri: slides.pdf, modality: pdf}\n")
     out = tmp_path_factory.mktemp("lineage-out") / "out"
     summary = Runner(RunConfig(key_store=out.parent / "keys"), out, progress=lambda _m: None).run(d)
-    assert summary["counts"]["sessions"] == 2 and summary["counts"]["quarantined"] == 0
+    assert summary["counts"]["sessions"] == 3 and summary["counts"]["quarantined"] == 0
     return out, d
 
 
@@ -57,7 +62,7 @@ def test_trace_of_a_real_event_and_feature_names_source_policy_and_model(run_out
     lineage = {(r["session_id"], r["source_id"]): r for r in _read(
         out, "lineage_sources", ["session_id", "source_id", "source_uri", "source_version", "policy"])}
 
-    block = next(r for r in _read(out, "events_pdf", ["event_id", "words"])
+    block = next(r for r in _read(out, "events_pdf", ["event_id", "words"], pc.field("session_id") == "sample-meeting")
                  if any(w["entity"] == "person" and w["text"].startswith("<PERSON_") for w in r["words"]))
     res = trace(out, block["event_id"])
     (o,) = res["origins"]
@@ -96,7 +101,8 @@ def test_access_lists_exactly_the_rows_of_the_subjects_sessions_and_sources(run_
     out, _ = run_out
     sources = {(r["session_id"], r["source_id"]) for r in _read(out, "lineage_sources", ["session_id", "source_id"])}
     meeting = {p for p in sources if p[0] == "sample-meeting"}
-    for subject, pairs in (("subject-0002", meeting), ("subject-0007", {("solo", "room")}), ("subject-0001", sources)):
+    listed = {p for p in sources if p[0] != "deck"}  # the deck session lists no subject
+    for subject, pairs in (("subject-0002", meeting), ("subject-0007", {("solo", "room")}), ("subject-0001", listed)):
         rep = access(out, subject)
         assert {(o["session_id"], o["source_id"]) for o in rep["sources"]} == pairs, subject
         assert sorted(e["event_id"] for e in rep["events"]) == _event_ids(out, pairs), subject
@@ -145,3 +151,37 @@ def test_the_access_report_parses_and_holds_no_planted_personal_data(run_out, tm
     for _kind, value, _page in PLANTED_PII:  # names (and each part of them), e-mails, phones: in neither report
         for part in [value, *(w for w in value.split() if w.isalpha() and len(w) > 3)]:
             assert part.lower() not in text.lower() and part.lower() not in as_json.lower(), part
+
+
+def test_a_subject_registry_finds_a_document_of_another_session_that_mentions_the_subject(run_out, tmp_path):
+    """The deck session lists no subject, so only the registry (the subject's name, outside OUT)
+    links it to subject-0001: access lists exactly the document events carrying the name's keyed
+    pseudonym in any session, and an erasure (dry run) takes the deck's source too, unless told
+    to keep mentions. The report names no one."""
+    from modalign.operators.deid.keystore import KeyStore
+    from modalign.operators.deid.text import pseudonym
+    from modalign.pipeline.erasure import erase
+    from modalign.pipeline.sample import subject_id
+
+    out, _ = run_out
+    keys = out.parent / "keys"
+    name = next(v for k, v, _ in PLANTED_PII if k == "person" and subject_id(v) == "subject-0001")
+    registry = tmp_path / "subjects.yaml"
+    registry.write_text(f"subject-0001:\n  person: [{name}]\n")
+    assert "mentions" not in access(out, "subject-0001", key_store=keys)  # no registry in the key store
+    report = access(out, "subject-0001", registry=registry, key_store=keys)
+    token = pseudonym(KeyStore(keys).key("default"), "person", name)
+    want = {(r["session_id"], r["event_id"]) for r in _read(out, "events_pdf", ["session_id", "event_id", "words"])
+            if any(token in (w["text"] or "") for w in r["words"])}
+    got = {(m["session_id"], m["event_id"]) for m in report["mentions"]}
+    assert got == want and {s for s, _ in got} == {"sample-meeting", "deck"}
+    assert {m["pseudonym"] for m in report["mentions"]} == {token} and report["counts"]["mentions"] == len(got)
+    assert "deck" not in report["sessions"] and name not in json.dumps(report)
+
+    def erased(**kw) -> set:
+        dry = erase(out, subject="subject-0001", dry_run=True, key_store=keys, registry=registry, **kw)
+        return {(o["session_id"], o["source_id"]) for o in dry["sources"]}
+
+    with_mentions, without = erased(), erased(mentions=False)
+    assert with_mentions - without == {("deck", "slides")}
+    assert ("sample-meeting", "slides") in without
