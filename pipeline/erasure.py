@@ -366,7 +366,7 @@ def _cache_plan(store: Any, access: dict) -> tuple[list[str], int]:
     """(cache keys to remove, how many erased rows' keys stay because remaining rows name them, or
     because a remaining row's entry was pooled from them: a content-addressed entry is shared)."""
     from modalign.operators.cache.store import SEGMENT_GLOB
-    from modalign.pipeline.lineage import _sql_list
+    from modalign.pipeline.lineage import sql_list
 
     named = {c["cache_key"]: c["granularity"] for c in access["cache"] if c.get("segment")}
     if not named:
@@ -384,13 +384,13 @@ def _cache_plan(store: Any, access: dict) -> tuple[list[str], int]:
     if grids:  # a grid stays while a remaining row's entry was pooled from it
         segments = sorted(store.output.layout.cache_dir.glob(SEGMENT_GLOB))
         children = [r["cache_key"] for r in store.query(
-            f"SELECT DISTINCT cache_key FROM read_parquet({_sql_list(str(p) for p in segments)}, union_by_name = "
+            f"SELECT DISTINCT cache_key FROM read_parquet({sql_list(str(p) for p in segments)}, union_by_name = "
             "true) WHERE parent_key IN (SELECT unnest(?))", [grids])] if segments else []
         kept = {r["cache_key"] for r in store.query(
             f"SELECT DISTINCT cache_key FROM ({store.source('features')}) WHERE cache_key IN (SELECT unnest(?)) "
             "AND feature_id NOT IN (SELECT unnest(?))", [children or [""], erased_features or [0]])}
         still |= {r["parent_key"] for r in store.query(
-            f"SELECT DISTINCT parent_key FROM read_parquet({_sql_list(str(p) for p in segments)}, union_by_name = "
+            f"SELECT DISTINCT parent_key FROM read_parquet({sql_list(str(p) for p in segments)}, union_by_name = "
             "true) WHERE cache_key IN (SELECT unnest(?))", [sorted(kept) or [""]])} if kept else set()
     doomed = sorted(k for k in named if k not in still)
     return doomed, len(named) - len(doomed)

@@ -120,7 +120,8 @@ def parse_id(text: str, out: str | PathLike) -> TraceId:
 
 # -- the store ------------------------------------------------------------------------------
 
-def _sql_list(items: Any) -> str:
+def sql_list(items: Any) -> str:
+    """A DuckDB list literal of ``items`` as strings, single quotes doubled (file paths, ids)."""
     return "[" + ", ".join("'" + str(i).replace("'", "''") + "'" for i in items) + "]"
 
 
@@ -183,7 +184,7 @@ class LineageStore:
         base = str(self.root).rstrip("/") + "/"
         union = ", union_by_name = true" if sessions is not None and len(files) <= UNION_FILES else ""
         return (f"SELECT * REPLACE (substr(filename, {len(base) + 1}) AS filename) FROM read_parquet("
-                f"{_sql_list(str(self.root / f) for f in files)}{union}, filename = true)")
+                f"{sql_list(str(self.root / f) for f in files)}{union}, filename = true)")
 
     def query(self, sql: str, params: list | None = None) -> list[dict]:
         rel = self.con.execute(sql, params or [])
@@ -454,7 +455,7 @@ def _trace_file(store: LineageStore, tid: TraceId) -> tuple[dict, set]:
         files = [f for f in store.files("features") if f.startswith(prefix)]
         pairs_rows = store.query(
             f"SELECT session_id, source_id, count(*) AS n FROM read_parquet("
-            f"{_sql_list(str(store.root / f) for f in files)}) GROUP BY ALL") if files else []
+            f"{sql_list(str(store.root / f) for f in files)}) GROUP BY ALL") if files else []
         target = {"file": {"path": rel, "table": "index", "model": model_dir, "granularity": gran,
                            "vectors": sum(r["n"] for r in pairs_rows), "sessions": len({r["session_id"] for r in pairs_rows})}}
         return target, {(r["session_id"], r["source_id"]) for r in pairs_rows}
@@ -466,7 +467,7 @@ def _trace_file(store: LineageStore, tid: TraceId) -> tuple[dict, set]:
                 {(sid, r["source_id"]) for r in srcs})
     table = next(name for name, row in TABLES.items() if rel.startswith(row.PATH + "/"))
     cols = {f.name for f in TABLES[table].schema()}
-    path_sql = _sql_list([str(store.root / rel)])
+    path_sql = sql_list([str(store.root / rel)])
     if "source_id" in cols:
         srcs = store.query(f"SELECT source_id, count(*) AS n FROM read_parquet({path_sql}) GROUP BY ALL")
         pairs = {(sid, r["source_id"]) for r in srcs if r["source_id"] is not None}
@@ -597,7 +598,7 @@ def _cache_entries(store: LineageStore, features: list[dict]) -> list[dict]:
     cache_dir = store.output.layout.cache_dir
     segments = sorted(cache_dir.glob(SEGMENT_GLOB)) if cache_dir.is_dir() and named else []
     if segments:
-        src = f"read_parquet({_sql_list(str(p) for p in segments)}, union_by_name = true, filename = true)"
+        src = f"read_parquet({sql_list(str(p) for p in segments)}, union_by_name = true, filename = true)"
         cols = "cache_key, granularity, model_id, parent_key, filename"
         found = store.query(f"SELECT {cols} FROM {src} WHERE cache_key IN (SELECT unnest(?))", [list(named)])
         parents = {r["parent_key"] for r in found if r["parent_key"]} - set(named)

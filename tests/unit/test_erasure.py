@@ -8,7 +8,6 @@ lists ``speaker-{NNNN % 50}``."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -27,17 +26,9 @@ from modalign.pipeline.erasure import (DENYLIST, Denylist, ErasureKeys, erase, k
 from modalign.pipeline.layout import TABLES
 from modalign.pipeline.lineage import access
 from modalign.schemas.errors import ConfigError, QuarantineReason
+from test_lineage_store import _bench
 
 pytestmark = pytest.mark.unit
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("lineage_bench_erasure", ROOT / "benchmarks" / "lineage.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
