@@ -17,7 +17,9 @@ Then it times, each in a fresh ``LineageStore`` (one DuckDB connection, as one C
 session-level and of a source-level subject; best and worst of ``--repeat`` runs in this
 process, and one ``modalign lineage ... --json`` command per query (wall time, with Python's
 start and imports), printed as a markdown table. The target (issue 12) is under 2 s per query
-at 1,000 sessions.
+at 1,000 sessions. Last (unless ``--no-erase``), on a copy of the OUT per subject, the CLI calls
+``lineage erase --dry-run``, ``erase`` and ``verify`` of a session-level and of a source-level
+subject, with the report's own ``elapsed_s``.
 """
 
 from __future__ import annotations
@@ -270,12 +272,45 @@ def _time(fn, repeat: int) -> tuple[float, float, Any]:
     return min(times), max(times), result
 
 
+def _erasure_times(out: Path, subject: str, scratch: Path) -> dict:
+    """``lineage erase --dry-run``, ``erase`` and ``verify`` of ``subject`` as CLI calls, on a copy of
+    ``out`` (synced to disk first, so the copy's writeback is not timed) with a fresh key store."""
+    import os
+
+    work, keys = scratch / f"erase-{subject}", scratch / f"keys-{subject}"
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(out, work)
+    os.sync()
+    env = {**os.environ, "MODALIGN_KEY_STORE": str(keys)}
+    cli = [sys.executable, "-m", "modalign.pipeline.cli", "lineage"]
+    times = {}
+    try:
+        for name, extra in (("dry_run_s", ["--dry-run"]), ("erase_s", [])):
+            t0 = time.perf_counter()
+            done = subprocess.run([*cli, "erase", str(work), "--subject", subject, "--json", *extra], env=env,
+                                  check=True, capture_output=True, text=True)
+            times[name] = round(time.perf_counter() - t0, 3)
+        report = json.loads(done.stdout)
+        t0 = time.perf_counter()
+        subprocess.run([*cli, "verify", report["report_path"], "--subject", subject], env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+        times["verify_s"] = round(time.perf_counter() - t0, 3)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(keys, ignore_errors=True)
+    n = report["counts"]
+    return {"subject": subject, **times, "elapsed_s": report["elapsed_s"],
+            "erased": f"{len(report['sources'])} sources, {sum(v for k, v in n.items() if k != 'cache_entries')} "
+                      f"rows, {len(report['removed_files'])} files"}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", help="write (or reuse, if it holds a commit) the generated OUT here; default: a temp dir")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-erase", action="store_true", help="time the queries only (the erasures copy the OUT)")
     args = ap.parse_args()
 
     from modalign.pipeline.lineage import LineageStore, access, trace
@@ -322,8 +357,12 @@ def main() -> int:
             subprocess.run(cli, check=True, stdout=subprocess.DEVNULL)
             rows.append({"query": name, "id": arg, "best_s": round(best, 3), "worst_s": round(worst, 3),
                          "cli_s": round(time.perf_counter() - t0, 3), "answer": size})
+        erasures = [] if args.no_erase else [
+            _erasure_times(out, subject, Path(tmp or tempfile.mkdtemp(prefix="modalign-erase-bench-")))
+            for subject in (session_subjects(mid)[0], lapel_subjects(mid + 1)[0])]
         if args.json:
-            print(json.dumps({"sessions": n_sessions, "files": n_files, "generate_s": gen_s, "rows": rows}, indent=2))
+            print(json.dumps({"sessions": n_sessions, "files": n_files, "generate_s": gen_s, "rows": rows,
+                              "erasures": erasures}, indent=2))
             return 0
         gen = f", generated in {gen_s:.0f} s" if gen_s is not None else ""
         print(f"lineage queries, {n_sessions} sessions, {n_files} committed files{gen}; "
@@ -334,6 +373,14 @@ def main() -> int:
             print(f"| {r['query']} | `{r['id']}` | {r['best_s']:.3f} | {r['worst_s']:.3f} | {r['cli_s']:.3f} | "
                   f"{r['answer']} |")
         print(f"\nmedian of the best: {statistics.median(r['best_s'] for r in rows):.3f} s")
+        if erasures:
+            print("\nerasure on a copy of the OUT (CLI calls, wall; `elapsed_s`: the erasure's own work up to its "
+                  "commit)\n")
+            print("| subject | erased | dry run (s) | erase (s) | elapsed_s | verify (s) |")
+            print("| --- | --- | ---: | ---: | ---: | ---: |")
+            for e in erasures:
+                print(f"| `{e['subject']}` | {e['erased']} | {e['dry_run_s']:.2f} | {e['erase_s']:.2f} | "
+                      f"{e['elapsed_s']:.2f} | {e['verify_s']:.2f} |")
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -27,6 +27,7 @@ A reader still reading a previous commit's files when step 4 deletes them gets
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -126,18 +127,31 @@ def sweep(root: Path, keep: set[str], folders: list[str]) -> int:
     """Delete every file of ours in ``folders`` (relative to ``root``) that ``keep`` does not list:
     a crashed attempt's parts, temporary files, the previous commit's files. Empty folders go
     too. Only the lease holder may sweep. Returns the number of files removed."""
-    removed = 0
-    for folder in folders:
-        base = root / folder
-        if not base.is_dir():
-            continue
-        for path in sorted(base.rglob("*"), reverse=True):  # children before their folders
-            if path.is_dir():
-                if not any(path.iterdir()):
-                    path.rmdir()
-            elif _OURS.fullmatch(path.name) and path.relative_to(root).as_posix() not in keep:
-                path.unlink(missing_ok=True)
-                removed += 1
-        if base.is_dir() and not any(base.iterdir()):
-            base.rmdir()
-    return removed
+    return sum(_sweep_folder(os.path.join(root, folder), folder.strip("/"), keep)[0] for folder in folders
+               if os.path.isdir(os.path.join(root, folder)))
+
+
+def _sweep_folder(path: str, rel: str, keep: set[str]) -> tuple[int, bool]:
+    """(files removed, whether the folder was left empty and removed) for one folder, depth first.
+    ``os.scandir``, not ``Path.rglob``: an OUT of 1,000 sessions holds 14,000 files."""
+    removed, left = 0, 0
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                n, gone = _sweep_folder(entry.path, f"{rel}/{entry.name}", keep)
+                removed, left = removed + n, left + (not gone)
+            elif _OURS.fullmatch(entry.name) and f"{rel}/{entry.name}" not in keep:
+                try:
+                    os.unlink(entry.path)
+                    removed += 1
+                except FileNotFoundError:
+                    pass
+            else:
+                left += 1
+    if left:
+        return removed, False
+    try:
+        os.rmdir(path)
+    except OSError:  # something appeared meanwhile
+        return removed, False
+    return removed, True

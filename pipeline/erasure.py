@@ -15,8 +15,9 @@ through the commit protocol (``pipeline.commits``) under OUT's one-writer lease
    (``layout.attempt_of``), the old file untouched. Tables: events, timeline, CTAL log
    (and its JSON lines), CTAL summary, drift alarms, features, quarantine, lineage;
 4. each FAISS index holding an erased feature id is loaded, the ids removed, and saved
-   under a new name; feature-cache entries only erased rows name (and their patch grids)
-   are removed (the cache is outside the commit: losing an entry costs a miss, never a row);
+   under a new name; the feature-cache entries erased rows name, the patch grids they were
+   pooled from and what else was pooled from those are removed (the cache is outside the
+   commit and only saves work: losing an entry costs a miss, never a row);
 5. the denylist entry (``OUT/lineage/denylist/ATTEMPT.json``: the subject and each erased
    source version as keyed hashes) and the signed report (``OUT/lineage/erasure/ID.json``)
    are written, every new file made durable, then the next commit is created: sessions
@@ -50,7 +51,9 @@ import re
 import time
 import uuid
 from collections import Counter, defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from functools import cached_property
 from os import PathLike
 from pathlib import Path
 from typing import Any, Callable
@@ -162,15 +165,21 @@ class Denylist:
                               f"store the erasure used (key_store or $MODALIGN_KEY_STORE), see {RUNBOOK}")
         return cls(tuple(entries), key)
 
+    @cached_property
+    def _by_kind(self) -> dict[str, dict[str, dict]]:
+        """kind -> keyed hash -> entry, built once per run (``refusal`` is asked per source)."""
+        by_kind: dict[str, dict[str, dict]] = defaultdict(dict)
+        for e in self.entries:
+            by_kind[e["kind"]][e["key"]] = e
+        return by_kind
+
     def refusal(self, uri: str, version: str | None, path: Path | None,
                 subjects: tuple[str, ...] | list[str]) -> str | None:
         """Why a source may not be ingested (a quarantine message that names no subject), or None."""
         if not self.entries:
             return None
         assert self.key is not None
-        by_kind: dict[str, dict[str, dict]] = defaultdict(dict)
-        for e in self.entries:
-            by_kind[e["kind"]][e["key"]] = e
+        by_kind = self._by_kind
         hit = next((by_kind["subject"][k] for k in (keyed(self.key, "subject", s) for s in subjects)
                     if k in by_kind["subject"]), None)
         what = "a data subject of this source was erased"
@@ -256,23 +265,26 @@ def _table_of(rel: str) -> str | None:
     return next((name for name, row in TABLES.items() if rel.startswith(row.PATH + "/")), None)
 
 
-def _doomed(table: str, path: Path, erased: set[str], uris: set[str]) -> list[bool]:
-    """Per row of one committed file: whether it derives from an erased source of its session."""
+def _column(path: Path, name: str) -> list:
+    """One column of a Parquet file as Python values (``ParquetFile``: no dataset layer)."""
     import pyarrow.parquet as pq
 
+    return pq.ParquetFile(path).read(columns=[name]).column(name).to_pylist()
+
+
+def _doomed(table: str, path: Path, erased: set[str], uris: set[str]) -> list[bool]:
+    """Per row of one committed file: whether it derives from an erased source of its session."""
     if table == "ctal_jsonl":
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         return [bool(erased & {m.split(":", 1)[-1] for m in r["modalities"]}) for r in rows]
     if table == "ctal":
-        return [bool(erased & {m.split(":", 1)[-1] for m in ms})
-                for ms in pq.read_table(path, columns=["modalities"]).column("modalities").to_pylist()]
+        return [bool(erased & {m.split(":", 1)[-1] for m in ms}) for ms in _column(path, "modalities")]
     if table == "drift_alarms":
-        return [bool(erased & set(s)) for s in pq.read_table(path, columns=["sources"]).column("sources").to_pylist()]
+        return [bool(erased & set(s)) for s in _column(path, "sources")]
     if table == "quarantine":  # a row of the source, or of its file before it had a source id
-        t = pq.read_table(path, columns=["source_id", "source_uri"])
         return [s in erased if s is not None else u in uris
-                for s, u in zip(t.column("source_id").to_pylist(), t.column("source_uri").to_pylist())]
-    return [s in erased for s in pq.read_table(path, columns=["source_id"]).column("source_id").to_pylist()]
+                for s, u in zip(_column(path, "source_id"), _column(path, "source_uri"))]
+    return [s in erased for s in _column(path, "source_id")]
 
 
 def renamed(rel: str, attempt: str) -> str:
@@ -294,8 +306,7 @@ def _rewrite(root: Path, rel: str, table: str, keep: list[bool], new: str) -> in
         kept = [line for line, k in zip(lines, keep) if k]
         atomic_write(root / new, lambda tmp: Path(tmp).write_text("".join(x + "\n" for x in kept), encoding="utf-8"))
         return len(kept)
-    t = pq.read_table(root / rel)
-    t = t.filter(pa.array(keep, type=pa.bool_()))
+    t = pq.ParquetFile(root / rel).read().filter(pa.array(keep, type=pa.bool_()))
     write_table(root / new, t)
     return t.num_rows
 
@@ -309,8 +320,7 @@ class _Plan:
     files: list[dict]  # per committed file touched: path, table, session, rows, rows_removed, action, replaced_by
     keep: dict[str, list[bool]]  # rewritten path -> row mask
     indexes: list[dict]  # per FAISS index holding erased ids
-    cache_keys: list[str]  # cache entries only erased rows name
-    cache_shared: int  # erased rows' entries kept: remaining rows name them too
+    cache_keys: list[str]  # cache entries erased rows name, and those pooled from them
     dropped_sessions: list[str]
 
     def counts(self) -> dict[str, int]:
@@ -358,48 +368,38 @@ def _plan(store: Any, pairs: set[tuple[str, str]], attempt: str) -> _Plan:
         if f["index_file"]:
             erased_ids[f["index_file"]].add(int(f["feature_id"]))
     indexes = [{"path": ix, "feature_ids": sorted(ids)} for ix, ids in sorted(erased_ids.items())]
-    cache_keys, shared = _cache_plan(store, access)
-    return _Plan(pairs, access, files, keep, indexes, cache_keys, shared, dropped)
+    return _Plan(pairs, access, files, keep, indexes, _cache_plan(store, access), dropped)
 
 
-def _cache_plan(store: Any, access: dict) -> tuple[list[str], int]:
-    """(cache keys to remove, how many erased rows' keys stay because remaining rows name them, or
-    because a remaining row's entry was pooled from them: a content-addressed entry is shared)."""
+def _cache_plan(store: Any, access: dict) -> list[str]:
+    """Cache keys to remove: every entry an erased row names and the patch grid it was pooled from
+    (``access`` lists both), and every entry pooled from one of those grids. The cache only
+    saves work (each feature row holds its vector), so an entry a remaining row shares with an
+    erased one (content-addressed: the same bytes) goes too, and costs that row a miss on a
+    re-run; finding such rows would mean reading every feature file of OUT."""
     from modalign.operators.cache.store import SEGMENT_GLOB
     from modalign.pipeline.lineage import sql_list
 
-    named = {c["cache_key"]: c["granularity"] for c in access["cache"] if c.get("segment")}
-    if not named:
-        return [], 0
-    erased_features = [f["feature_id"] for f in access["features"]]
-    # a key hashes its model and granularity: only feature files of those can name it
-    groups = store.output.layout.feature_groups(store.files("features"))
-    wanted = {(safe_name(c["model_id"]), c["granularity"]) for c in access["cache"]}
-    features = store.source("features", files=[f for g in sorted(wanted) for f in groups.get(g, [])])
-    store.con.execute("SET enable_progress_bar = false")  # a long scan must not draw on the terminal
-    still = {r["cache_key"] for r in store.query(
-        f"SELECT DISTINCT cache_key FROM ({features}) WHERE cache_key IN (SELECT unnest(?)) "
-        "AND feature_id NOT IN (SELECT unnest(?))", [sorted(named), erased_features or [0]])}
-    grids = sorted(k for k, g in named.items() if g == "patch" and k not in still)
-    if grids:  # a grid stays while a remaining row's entry was pooled from it
-        segments = sorted(store.output.layout.cache_dir.glob(SEGMENT_GLOB))
-        children = [r["cache_key"] for r in store.query(
+    doomed = {c["cache_key"] for c in access["cache"] if c.get("segment")}
+    segments = sorted(store.output.layout.cache_dir.glob(SEGMENT_GLOB))
+    if doomed and segments:
+        store.con.execute("SET enable_progress_bar = false")
+        doomed |= {r["cache_key"] for r in store.query(
             f"SELECT DISTINCT cache_key FROM read_parquet({sql_list(str(p) for p in segments)}, union_by_name = "
-            "true) WHERE parent_key IN (SELECT unnest(?))", [grids])] if segments else []
-        kept = {r["cache_key"] for r in store.query(
-            f"SELECT DISTINCT cache_key FROM ({store.source('features')}) WHERE cache_key IN (SELECT unnest(?)) "
-            "AND feature_id NOT IN (SELECT unnest(?))", [children or [""], erased_features or [0]])}
-        still |= {r["parent_key"] for r in store.query(
-            f"SELECT DISTINCT parent_key FROM read_parquet({sql_list(str(p) for p in segments)}, union_by_name = "
-            "true) WHERE cache_key IN (SELECT unnest(?))", [sorted(kept) or [""]])} if kept else set()
-    doomed = sorted(k for k in named if k not in still)
-    return doomed, len(named) - len(doomed)
+            "true) WHERE parent_key IN (SELECT unnest(?))", [sorted(doomed)])}
+    return sorted(doomed)
 
 
 # -- erase ----------------------------------------------------------------------------------
 
 def _hashes(root: Path, files: list[str]) -> dict[str, str]:
     return {f: "sha256:" + sha256_file(root / f) for f in sorted(files)}
+
+
+def _remaining_hashes(root: Path, remaining: list[str], known: dict[str, str]) -> dict[str, str]:
+    """Digests of ``remaining``: ``known`` ones (taken meanwhile) and the new files'."""
+    return dict(sorted({**{f: known[f] for f in remaining if f in known},
+                        **_hashes(root, [f for f in remaining if f not in known])}.items()))
 
 
 def erase(out: str | PathLike, *, subject: str | None = None, source: str | None = None, scope: str = "source",
@@ -441,13 +441,18 @@ def erase(out: str | PathLike, *, subject: str | None = None, source: str | None
         denylist_key = keys.get(DENYLIST_KEY, create=True)
         signing_key = keys.get(SIGNING_KEY, create=True)
         assert denylist_key is not None and signing_key is not None
-        emit_erasure(root, erasure_id, [], event_type="START")  # OpenLineage: the erasure's own run
-        try:
-            report, snap = _apply(root, base, plan, lease, commits, erasure_id, attempt, subject, source, scope,
-                                  denylist_key, signing_key, started, say)
-        except BaseException as exc:
-            emit_erasure(root, erasure_id, [], event_type="FAIL", error=exc)
-            raise
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="modalign-erasure") as pool:
+            # beside the rewriting, which waits on the disk: the erasure's own OpenLineage run
+            # (START, done before the commit) and the digests of the files it leaves as they are
+            start = pool.submit(emit_erasure, root, erasure_id, [], event_type="START")
+            kept = pool.submit(_hashes, root, sorted(_untouched(base, plan)))
+            try:
+                report, snap = _apply(root, base, plan, lease, commits, erasure_id, attempt, subject, source, scope,
+                                      denylist_key, signing_key, started, say, kept, start.result)
+            except BaseException as exc:
+                start.result()
+                emit_erasure(root, erasure_id, [], event_type="FAIL", error=exc)
+                raise
         emit_erasure(root, erasure_id, [f["replaced_by"] for f in report["removed_files"] if f["replaced_by"]])
         layout = OutputLayout(root)
         write_json(layout.run_json, snap.summary)
@@ -476,10 +481,17 @@ def _recover(root: Path, base: Snapshot, say: Callable[[str], None]) -> None:
     write_json(layout.run_json, base.summary)
 
 
+def _untouched(base: Snapshot, plan: _Plan) -> set[str]:
+    """Committed files the erasure neither drops nor rewrites (they stay in the next commit)."""
+    return base.files() - {f["path"] for f in plan.files} - {ix["path"] for ix in plan.indexes}
+
+
 def _apply(root: Path, base: Snapshot, plan: _Plan, lease: Any, commits: CommitLog, erasure_id: str, attempt: str,
            subject: str | None, source: str | None, scope: str, denylist_key: bytes, signing_key: bytes,
-           started: float, say: Callable[[str], None]) -> tuple[dict, Snapshot]:
-    """Write the new state beside the committed one, make it durable, sign the report, commit."""
+           started: float, say: Callable[[str], None], kept: Future, before_commit: Callable[[], object],
+           ) -> tuple[dict, Snapshot]:
+    """Write the new state beside the committed one, make it durable, sign the report, commit.
+    ``kept``: the digests of ``_untouched`` files; ``before_commit`` is called before the commit."""
     import numpy as np
 
     from modalign.operators.cache.index import FeatureIndex
@@ -563,9 +575,9 @@ def _apply(root: Path, base: Snapshot, plan: _Plan, lease: Any, commits: CommitL
                                                     "action", "replaced_by")}, "sha256": removed_hashes[f["path"]]}
                           for f in plan.files],
         "indexes": [{**e, "sha256": removed_hashes[e["path"]]} for e in index_report],
-        "cache": {"entries_removed": cache_removed, "entries_kept_shared": plan.cache_shared},
+        "cache": {"entries_removed": cache_removed},
         "denylist": {"path": deny_rel, "entries": len(entries)},
-        "remaining_files": _hashes(root, remaining),
+        "remaining_files": _remaining_hashes(root, remaining, kept.result()),
         "key_material": {"pseudonym_keys": "per tenant, not per subject: none shredded (see runbooks/erasure.md)",
                          "signing_key_id": key_id(signing_key)},
     }
@@ -573,6 +585,7 @@ def _apply(root: Path, base: Snapshot, plan: _Plan, lease: Any, commits: CommitL
     report = sign(report, signing_key)
     write_json(root / _report_rel(erasure_id), report)
     fsync_dir(root / ERASURE)
+    before_commit()
     lease.check()  # the fence: an erasure that lost its lease must not commit
     snap = commits.commit(parent, run_id=erasure_id, sessions=sessions, shared=shared, summary=summary)
     return report, snap
@@ -587,7 +600,7 @@ def _dry_report(store: Any, plan: _Plan, subject: str | None, source: str | None
             "removed_files": [{k: f[k] for k in ("path", "table", "session_id", "rows", "rows_removed", "action")}
                               for f in plan.files],
             "indexes": [{"path": ix["path"], "vectors_removed": len(ix["feature_ids"])} for ix in plan.indexes],
-            "cache": {"entries_removed": len(plan.cache_keys), "entries_kept_shared": plan.cache_shared}}
+            "cache": {"entries_removed": len(plan.cache_keys)}}
 
 
 # -- verify ---------------------------------------------------------------------------------

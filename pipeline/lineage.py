@@ -49,6 +49,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
+from modalign.operators.deid.tokens import tokens_in
 from modalign.pipeline.commits import CommitLog
 from modalign.pipeline.layout import CTAL_JSONL, INDEX, TABLES
 from modalign.pipeline.outputs import Output
@@ -66,13 +67,6 @@ PAYLOAD = {"events_video": ("frame_jpeg",), "events_audio": ("mfcc",), "events_p
            "features": ("vector",)}
 UNION_FILES = 256  # up to this many files a relation reconciles schema versions by column name
 LINEAGE_COLUMNS = ("session_id", "source_id", "source_uri", "source_version", "operators", "policy", "model_id")
-
-
-def _pseudonym_re() -> re.Pattern[str]:
-    """Keyed tokens of ``operators.deid.text``: ``<KIND_xxxxxxxx>`` (pseudonymise) or 64 hex (hash)."""
-    from modalign.operators.deid.text import TOKEN_HEX
-
-    return re.compile(rf"^(<[A-Z_]+_[0-9a-f]{{{TOKEN_HEX}}}>|[0-9a-f]{{64}})$")
 
 
 # -- IDs ------------------------------------------------------------------------------------
@@ -384,10 +378,9 @@ def _event(store: LineageStore, event_id: str, session_id: str) -> dict | None:
             row = _clean(rows[0])
             row["table"] = table
             if table == "events_pdf":
-                tok = _pseudonym_re()
-                row["pseudonyms"] = [{"kind": w["entity"], "pseudonym": w["text"],
+                row["pseudonyms"] = [{"kind": w["entity"], "pseudonym": token,
                                       "box": {k: w[k] for k in ("x0", "y0", "x1", "y1")}}
-                                     for w in row.pop("_entities") or [] if tok.fullmatch(w["text"] or "")]
+                                     for w in row.pop("_entities") or [] for token in tokens_in(w["text"])]
             return row
     return None
 
@@ -616,11 +609,10 @@ def _pseudonyms(store: LineageStore, cond: str, keys: list[str], sessions: list[
     rows = store.query(
         f"SELECT w.entity AS kind, w.text AS pseudonym, event_id FROM (SELECT event_id, unnest(words) AS w FROM "
         f"({store.source('events_pdf', sessions)}) WHERE {cond}) WHERE w.entity IS NOT NULL", [keys])
-    tok = _pseudonym_re()
     found: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for r in rows:
-        if tok.fullmatch(r["pseudonym"] or ""):  # a kept or masked value is no pseudonym (and is never shown)
-            found[(r["kind"], r["pseudonym"])].append(r["event_id"])
+    for r in rows:  # a kept or masked value holds no token (and is never shown)
+        for token in tokens_in(r["pseudonym"]):
+            found[(r["kind"], token)].append(r["event_id"])
     return [{"kind": k, "pseudonym": p, "occurrences": len(ev), "event_ids": sorted(set(ev))}
             for (k, p), ev in sorted(found.items())]
 

@@ -29,13 +29,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, TypeAdapter, ValidationError
 
+from modalign.operators.deid.tokens import TOKEN_PATTERN
 from modalign.schemas.environment import key_store_dir
 from modalign.schemas.errors import ConfigError
 from modalign.schemas.load import read_mapping, validate_mapping
 from modalign.schemas.manifest import SubjectId
 
 REGISTRY_NAME = "subjects.yaml"
-TOKEN_PATTERN = r"<[A-Z_]+_[0-9a-f]{8}>|\b[0-9a-f]{64}\b"  # what pseudonymise and hash write
 Identifiers = list[str]
 
 

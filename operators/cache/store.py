@@ -305,12 +305,12 @@ class FeatureCache:
                 removed.add(k)
             if self.path is not None:
                 for seg in self._segments():
-                    table = _read_segment(seg)
-                    keys = table.column("cache_key").to_pylist()
+                    keys = _read_segment(seg, columns=["cache_key"]).column("cache_key").to_pylist()
                     keep = [i for i, k in enumerate(keys) if not doomed(k)]
                     if len(keep) == len(keys):
-                        continue
+                        continue  # read no vector of a segment that stays as it is
                     removed.update(k for k in keys if doomed(k))
+                    table = _read_segment(seg)
                     if keep:
                         _atomic_write(_new_segment_path(seg.parent), table.take(pa.array(keep, type=pa.int64())))
                     seg.unlink()

@@ -33,6 +33,7 @@ from modalign.operators.deid.keystore import KeyStore
 from modalign.operators.deid.name_lexicon import lexicon_version
 from modalign.operators.deid.names import load_nlp, name_key
 from modalign.operators.deid.recognisers import RULES_VERSION, PiiSpan, detect_batch, detector_name, normalise
+from modalign.operators.deid.tokens import TOKEN_HEX
 from modalign.schemas.errors import ComplianceError, InputError, ModalignError
 from modalign.schemas.arrow import arrow_type
 from modalign.schemas.policy import DEFAULT_POLICY_TAG, TextPolicy
@@ -44,7 +45,6 @@ DEID = "deid"
 PII_COUNTS = "pii_counts"
 DEID_TYPE = arrow_type(DeidHeader)
 PII_COUNTS_TYPE = arrow_type(list[PiiCount])
-TOKEN_HEX = 8
 
 
 def pseudonym(key: bytes, kind: str, value: str) -> str:

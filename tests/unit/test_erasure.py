@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import modalign
@@ -209,8 +210,9 @@ def test_the_denylist_refuses_erased_subjects_versions_and_contents(out, tmp_pat
     assert QuarantineReason("erased") is QuarantineReason.ERASED
 
 
-def test_a_cache_entry_a_remaining_row_also_names_stays(out):
-    """Content-addressed: the same bytes in another session's source share one entry, which stays."""
+def test_a_cache_entry_a_remaining_row_shares_goes_too_and_that_row_keeps_its_vector(out):
+    """Content-addressed: the same bytes in another session's source share one entry. It goes with
+    the erased row (the cache only saves work); the other row keeps its vector in features/."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -225,10 +227,14 @@ def test_a_cache_entry_a_remaining_row_also_names_stays(out):
     t = t.set_column(t.schema.get_field_index("cache_key"), "cache_key",
                      pa.array([mine["cache_key"]] + keys[1:], t.schema.field("cache_key").type))
     pq.write_table(t, other)
+    sharer = t.slice(0, 1).to_pylist()[0]
+    assert erased_keys and erased_keys <= FeatureCache(out / "cache").keys()
     rep = erase(out, subject="speaker-01")
-    assert rep["cache"] == {"entries_removed": len(erased_keys) - 1, "entries_kept_shared": 1}
-    cached = FeatureCache(out / "cache").keys()
-    assert mine["cache_key"] in cached and not (erased_keys - {mine["cache_key"]}) & cached
+    assert rep["cache"] == {"entries_removed": len(erased_keys)}
+    assert not erased_keys & FeatureCache(out / "cache").keys()
+    kept = pq.read_table(other).slice(0, 1).to_pylist()[0]
+    assert kept["feature_id"] == sharer["feature_id"] and kept["cache_key"] == mine["cache_key"]
+    assert np.array_equal(kept["vector"], sharer["vector"])
 
 
 def test_renamed_replaces_the_attempt_token_only():
