@@ -7,6 +7,8 @@ PYTHON  ?= python3.11
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 APT_PKGS := tesseract-ocr tesseract-ocr-eng poppler-utils espeak-ng wamerican
+# tests of HTML a person reads (access reports, run reports): a real headless browser
+TEST_APT_PKGS := chromium chromium-driver
 # deid-eval and its tests only: more voices, real videos with faces, real manuals (text precision)
 EVAL_APT_PKGS := flite pocketsphinx-testdata alsa-utils opencv-doc fonts-dejavu-core fonts-liberation quilt cvs libtasn1-doc pstoedit blktrace xmlformat-doc debdelta-doc purifyeps \
                  pssh tig srf-doc coccinelle-doc shared-mime-info
@@ -27,10 +29,10 @@ setup: system-deps $(STAMP)
 system-deps:
 	@if ! command -v tesseract >/dev/null || ! tesseract --list-langs 2>/dev/null | grep -qx eng \
 	    || ! command -v pdftoppm >/dev/null || ! command -v espeak-ng >/dev/null || ! test -s /usr/share/dict/words \
-	    || ! ls $(EVAL_FILES) >/dev/null 2>&1; then \
-	  echo "installing Debian packages: $(APT_PKGS) $(EVAL_APT_PKGS)"; \
+	    || ! ls $(EVAL_FILES) >/dev/null 2>&1 || ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	  echo "installing Debian packages: $(APT_PKGS) $(TEST_APT_PKGS) $(EVAL_APT_PKGS)"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
-	    $(APT_PKGS) $(EVAL_APT_PKGS); \
+	    $(APT_PKGS) $(TEST_APT_PKGS) $(EVAL_APT_PKGS); \
 	fi
 
 $(STAMP): pyproject.toml requirements/no-deps.txt
