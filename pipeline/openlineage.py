@@ -30,13 +30,13 @@ logged as a warning (an HTTP endpoint that failed once is not tried again in tha
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import time
 import uuid
 from collections import defaultdict
-import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
