@@ -1,9 +1,13 @@
-"""``modalign lineage erase | verify`` on a real run: two sessions sharing one subject.
+"""``modalign lineage erase | verify`` on a real run (the ``lineage_run`` fixture of
+``conftest.py``, erased on a copy): sessions sharing one subject.
 
 The generated sample meeting lists subject-0001 and subject-0002 for every source; the
 two-recorder audio session ``solo`` lists subject-0003 for both recorders and subject-0001
-for its room recorder alone. Erasing subject-0001 removes every source of the meeting and
-solo's room recorder; solo's lapel recorder (subject-0003 only) stays, row for row.
+(and subject-0007) for its room recorder alone; the session ``deck`` lists no subject. Erasing
+subject-0001 removes every source of the meeting and solo's room recorder; solo's lapel
+recorder (subject-0003 only) stays, row for row. The deck, a copy of the meeting's slides that
+merely mentions subject-0001 by name, goes too: the erasure finds it through the subject
+registry in (the copy of) the key store.
 """
 
 from __future__ import annotations
@@ -22,37 +26,26 @@ import modalign
 from modalign.operators.cache.index import FeatureIndex
 from modalign.pipeline.cli import main
 from modalign.pipeline.layout import TABLES
-from modalign.pipeline.lineage import access
+from modalign.pipeline.lineage import LineageStore, access, report_of
 from modalign.pipeline.runner import Runner
 from modalign.schemas.config import RunConfig
-from signals import noise_bursts, record, write_wav
 
 pytestmark = pytest.mark.integration
 
-MS = 1_000_000
 S = "subject-0001"
 ERASED = {("sample-meeting", s) for s in ("room_video", "room_video.audio", "lapel", "slides")} | {("solo", "room")}
+MENTIONED = {("deck", "slides")}  # lists no subject; found through the registry, erased whole
+GONE = ERASED | MENTIONED
 
 
 @pytest.fixture(scope="module")
-def planted(ray_local, sample_manifest, tmp_path_factory) -> dict:
-    """One run over both sessions: its OUT (left as it is), INPUT, key store, and what access lists for S."""
-    d = tmp_path_factory.mktemp("erasure-in")
-    shutil.copytree(sample_manifest.parent, d / "meeting")
-    sound = noise_bursts(4, seed=7)
-    (d / "solo").mkdir()
-    write_wav(d / "solo" / "room.wav", record(sound, 3.0, 0, 0.0, 0.005, seed=8))
-    write_wav(d / "solo" / "lapel.wav", record(sound, 2.5, 250 * MS, 0.0, 0.01, seed=9))
-    (d / "solo" / "manifest.yaml").write_text(
-        "session_id: solo\nsubjects: [subject-0003]\nsources:\n"
-        f"  - {{id: room, uri: room.wav, modality: audio, subjects: [{S}]}}\n"
-        f"  - {{id: lapel, uri: lapel.wav, modality: audio, clock: {{offset_ns: {250 * MS}}}}}\n")
-    root = tmp_path_factory.mktemp("erasure-out")
-    keys = root / "keys"
-    out = root / "out"
-    summary = Runner(RunConfig(key_store=keys), out, progress=lambda _m: None).run(d)
-    assert summary["counts"]["sessions"] == 2 and summary["counts"]["quarantined"] == 0
-    return {"out": out, "input": d, "keys": keys, "access": access(out, S), "tables": _tables(out)}
+def planted(lineage_run) -> dict:
+    """The shared run: its OUT (left as it is), INPUT, key store, and what access lists for S."""
+    out = lineage_run.out
+    with LineageStore(out) as store:
+        mentioned = report_of(store, MENTIONED)  # the rows of the deck, which access (no registry) does not list
+    return {"out": out, "input": lineage_run.input, "keys": lineage_run.keys, "access": access(out, S),
+            "mentioned": mentioned, "tables": _tables(out)}
 
 
 def _tables(out: Path) -> dict[str, list[dict]]:
@@ -60,13 +53,13 @@ def _tables(out: Path) -> dict[str, list[dict]]:
     return {name: output.table(name).to_table().to_pylist() for name in TABLES}
 
 
-def _erased_row(table: str, r: dict) -> bool:
-    """Whether a row derives from an erased source (the rule ``access`` and ``erase`` share)."""
+def _erased_row(table: str, r: dict, pairs: set[tuple[str, str]] = GONE) -> bool:
+    """Whether a row derives from one of the (erased) sources ``pairs`` (the rule ``access`` and ``erase`` share)."""
     if table == "ctal":
-        return any((r["session_id"], m.split(":", 1)[-1]) in ERASED for m in r["modalities"])
+        return any((r["session_id"], m.split(":", 1)[-1]) in pairs for m in r["modalities"])
     if table == "drift_alarms":
-        return any((r["session_id"], s) in ERASED for s in r["sources"])
-    return (r["session_id"], r.get("source_id")) in ERASED
+        return any((r["session_id"], s) in pairs for s in r["sources"])
+    return (r["session_id"], r.get("source_id")) in pairs
 
 
 def _multiset(rows: list[dict]) -> Counter:
@@ -102,41 +95,51 @@ def _scan(out: Path, needles: dict[str, set]) -> dict[str, set]:
 
 @pytest.fixture(scope="module")
 def erased(planted, tmp_path_factory) -> dict:
-    """A copy of the planted OUT after ``modalign lineage erase OUT --subject S --json`` (timed)."""
+    """A copy of the planted OUT after ``modalign lineage erase OUT --subject S --json`` (timed), with
+    a subject registry naming S in (a copy of) the key store."""
     import contextlib
     import io
     import time
 
-    out = tmp_path_factory.mktemp("erased") / "out"
+    from modalign.pipeline.sample import PLANTED_PII, subject_id
+
+    root = tmp_path_factory.mktemp("erased")  # OUT and the key store (the erasure adds its keys): copies
+    out, keys = root / "out", root / "keys"
     shutil.copytree(planted["out"], out)
+    shutil.copytree(planted["keys"], keys)
+    name = next(v for k, v, _ in PLANTED_PII if k == "person" and subject_id(v) == S)
+    (keys / "subjects.yaml").write_text(f"{S}:\n  person: [{name}]\n")
     buf = io.StringIO()
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(buf):
-        assert main(["lineage", "erase", str(out), "--subject", S, "--key-store", str(planted["keys"]), "--json"]) == 0
+        assert main(["lineage", "erase", str(out), "--subject", S, "--key-store", str(keys), "--json"]) == 0
     report = json.loads(buf.getvalue())
     print(f"erasure of {S}: {time.perf_counter() - t0:.2f} s")
-    return {"out": out, "report": report, "path": Path(report["report_path"])}
+    return {"out": out, "keys": keys, "report": report, "path": Path(report["report_path"])}
 
 
 def test_access_lists_what_was_planted_and_erase_removes_it_all(planted, erased):
-    rep = planted["access"]
+    rep, deck = planted["access"], planted["mentioned"]["counts"]
     assert {(o["session_id"], o["source_id"]) for o in rep["sources"]} == ERASED
     before = planted["tables"]
     for table, key in (("events_video", "events"), ("records", "timeline"), ("features", "features")):
-        n = sum(1 for r in before[table] if _erased_row(table, r))
+        n = sum(1 for r in before[table] if _erased_row(table, r, ERASED))
         assert n > 0
     assert rep["counts"]["events"] == sum(1 for t in ("events_video", "events_audio", "events_pdf")
-                                          for r in before[t] if _erased_row(t, r))
+                                          for r in before[t] if _erased_row(t, r, ERASED))
+    assert deck["sources"] == 1 and deck["events"] == sum(1 for r in before["events_pdf"] if r["session_id"] == "deck")
     assert {p["kind"] for p in rep["pseudonyms"]} >= {"person", "email"}
 
     out, report = erased["out"], erased["report"]
     assert erased["path"] == out / "lineage" / "erasure" / f"{report['erasure_id']}.json" and erased["path"].is_file()
-    # the counts per table are the rows access listed
+    # the counts per table are the rows access listed, and those of the deck that mentions S
     c = report["counts"]
-    assert c["events_video"] + c["events_audio"] + c["events_pdf"] == rep["counts"]["events"]
+    assert c["events_video"] + c["events_audio"] + c["events_pdf"] == rep["counts"]["events"] + deck["events"]
     assert (c["records"], c["features"], c["lineage_sources"], c["faiss_ids"]) == (
-        rep["counts"]["timeline"], rep["counts"]["features"], rep["counts"]["sources"], rep["counts"]["faiss_ids"])
-    assert c.get("ctal", 0) == rep["counts"]["ctal"] and report["sessions_dropped"] == ["sample-meeting"]
+        rep["counts"]["timeline"] + deck["timeline"], rep["counts"]["features"] + deck["features"],
+        rep["counts"]["sources"] + deck["sources"], rep["counts"]["faiss_ids"] + deck["faiss_ids"])
+    assert c.get("ctal", 0) == rep["counts"]["ctal"] + deck["ctal"]
+    assert sorted(report["sessions_dropped"]) == ["deck", "sample-meeting"]
     after = _tables(out)
     for table in TABLES:  # nothing of S left; every other row exactly as it was (multisets)
         assert not [r for r in after[table] if _erased_row(table, r)], table
@@ -148,7 +151,7 @@ def test_access_lists_what_was_planted_and_erase_removes_it_all(planted, erased)
     assert any(p.startswith("records/solo/") for p in rewritten)  # solo's timeline held both recorders
     snap = modalign.open(out).snapshot
     assert set(rewritten.values()) <= snap.files() and not set(rewritten) & snap.files()
-    assert "sample-meeting" not in snap.sessions
+    assert "sample-meeting" not in snap.sessions and "deck" not in snap.sessions
     assert access(out, S)["counts"] == {k: 0 for k in rep["counts"]}
 
 
@@ -179,7 +182,7 @@ def test_a_byte_scan_of_out_finds_none_of_the_subjects_ids_pseudonyms_or_feature
 
 
 def test_verify_passes_and_a_tampered_report_fails(planted, erased, tmp_path, capsys):
-    keys = ["--key-store", str(planted["keys"])]
+    keys = ["--key-store", str(erased["keys"])]
     assert main(["lineage", "verify", str(erased["path"]), *keys, "--subject", S]) == 0
     text = capsys.readouterr().out
     assert "FAIL" not in text and "access --subject: empty" in text and "verified" in text
@@ -208,10 +211,10 @@ def test_verify_passes_and_a_tampered_report_fails(planted, erased, tmp_path, ca
 def test_a_rerun_of_the_erased_sources_is_refused_by_the_denylist(planted, erased, tmp_path):
     out = tmp_path / "out"
     shutil.copytree(erased["out"], out)
-    summary = Runner(RunConfig(key_store=planted["keys"]), out, progress=lambda _m: None).run(planted["input"])
+    summary = Runner(RunConfig(key_store=erased["keys"]), out, progress=lambda _m: None).run(planted["input"])
     q = modalign.open(out).table("quarantine").to_table().to_pylist()
     refused = {(r["session_id"], r["source_id"]) for r in q if r["reason_code"] == "erased"}
-    assert refused == ERASED - {("sample-meeting", "room_video.audio")}  # a video's own sound shares its row
+    assert refused == GONE - {("sample-meeting", "room_video.audio")}  # a video's own sound shares its row
     assert summary["counts"]["quarantined"] == len(refused) and summary["exit_code"] == 3
     for r in q:
         assert "erased from this output folder" in r["message"] and S not in r["message"] and r["source_uri"]

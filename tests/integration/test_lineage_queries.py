@@ -1,8 +1,9 @@
-"""``modalign lineage trace | access`` on a real run: the generated sample meeting (session
-subjects subject-0001 and subject-0002) and a two-recorder audio session whose room recorder
-alone lists subject-0007 (a per-source subject) beside the session's subject-0001, and a
-session "deck" holding the meeting's slides again but listing no subject (found through the
-subject registry only).
+"""``modalign lineage trace | access`` on a real run (the ``lineage_run`` fixture of
+``conftest.py``): the generated sample meeting (session subjects subject-0001 and
+subject-0002), a two-recorder audio session ``solo`` (session subject subject-0003) whose room
+recorder alone also lists subject-0001 and subject-0007 (per-source subjects), and a session
+"deck" holding the meeting's slides again but listing no subject (found through the subject
+registry only).
 
 Every answer is checked against a direct pyarrow read of the committed tables."""
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import html.parser
 import json
-import shutil
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -19,36 +19,16 @@ import pytest
 import modalign
 from modalign.pipeline.cli import main
 from modalign.pipeline.lineage import access, trace
-from modalign.pipeline.runner import Runner
 from modalign.pipeline.sample import PLANTED_PII
 from modalign.schemas.config import RunConfig
-from signals import noise_bursts, record, write_wav
 
 pytestmark = pytest.mark.integration
 
-MS = 1_000_000
-
 
 @pytest.fixture(scope="module")
-def run_out(ray_local, sample_manifest, tmp_path_factory) -> tuple[Path, Path]:
-    """(OUT, INPUT) of one run over both sessions."""
-    d = tmp_path_factory.mktemp("lineage-in")
-    shutil.copytree(sample_manifest.parent, d / "meeting")
-    sound = noise_bursts(5, seed=7)
-    (d / "solo").mkdir()
-    write_wav(d / "solo" / "room.wav", record(sound, 4.0, 0, 0.0, 0.005, seed=8))
-    write_wav(d / "solo" / "lapel.wav", record(sound, 3.5, 250 * MS, 0.0, 0.01, seed=9))
-    (d / "solo" / "manifest.yaml").write_text(
-        "session_id: solo\nsubjects: [subject-0001]\nsources:\n"
-        "  - {id: room, uri: room.wav, modality: audio, subjects: [subject-0007]}\n"
-        f"  - {{id: lapel, uri: lapel.wav, modality: audio, clock: {{offset_ns: {250 * MS}}}}}\n")
-    (d / "deck").mkdir()  # the meeting's slides again, in a session that lists no subject
-    shutil.copy(sample_manifest.parent / "slides.pdf", d / "deck" / "slides.pdf")
-    (d / "deck" / "manifest.yaml").write_text("session_id: deck\nsources:\n  - {id: slides, uri: slides.pdf, modality: pdf}\n")
-    out = tmp_path_factory.mktemp("lineage-out") / "out"
-    summary = Runner(RunConfig(key_store=out.parent / "keys"), out, progress=lambda _m: None).run(d)
-    assert summary["counts"]["sessions"] == 3 and summary["counts"]["quarantined"] == 0
-    return out, d
+def run_out(lineage_run) -> tuple[Path, Path]:
+    """(OUT, INPUT) of the one run over the three sessions (read only)."""
+    return lineage_run.out, lineage_run.input
 
 
 def _read(out: Path, table: str, columns: list[str], filter_=None) -> list[dict]:
@@ -101,8 +81,10 @@ def test_access_lists_exactly_the_rows_of_the_subjects_sessions_and_sources(run_
     out, _ = run_out
     sources = {(r["session_id"], r["source_id"]) for r in _read(out, "lineage_sources", ["session_id", "source_id"])}
     meeting = {p for p in sources if p[0] == "sample-meeting"}
-    listed = {p for p in sources if p[0] != "deck"}  # the deck session lists no subject
-    for subject, pairs in (("subject-0002", meeting), ("subject-0007", {("solo", "room")}), ("subject-0001", listed)):
+    solo = {p for p in sources if p[0] == "solo"}
+    assert len(meeting) == 4 and len(solo) == 2 and ("deck", "slides") in sources  # the deck session lists no subject
+    for subject, pairs in (("subject-0002", meeting), ("subject-0007", {("solo", "room")}),
+                           ("subject-0001", meeting | {("solo", "room")}), ("subject-0003", solo)):
         rep = access(out, subject)
         assert {(o["session_id"], o["source_id"]) for o in rep["sources"]} == pairs, subject
         assert sorted(e["event_id"] for e in rep["events"]) == _event_ids(out, pairs), subject
@@ -147,7 +129,7 @@ def test_the_access_report_parses_and_holds_no_planted_personal_data(run_out, tm
     assert "access report (html) for subject subject-0001" in capsys.readouterr().out
     assert main(["lineage", "access", str(out), "--subject", "subject-0001", "--json"]) == 0
     as_json = capsys.readouterr().out
-    assert json.loads(as_json)["counts"]["sources"] == 6
+    assert json.loads(as_json)["counts"]["sources"] == 5  # the meeting's 4 and solo's room recorder
     for _kind, value, _page in PLANTED_PII:  # names (and each part of them), e-mails, phones: in neither report
         for part in [value, *(w for w in value.split() if w.isalpha() and len(w) > 3)]:
             assert part.lower() not in text.lower() and part.lower() not in as_json.lower(), part
