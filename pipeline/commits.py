@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from modalign.pipeline.store import LocalStore, Sequence
+from modalign.pipeline.objstore import open_store
+from modalign.pipeline.store import Sequence, Store
 from modalign.schemas.errors import ConfigError, OutputLockedError
 
 LOG_PREFIX = "_modalign/commits"
@@ -81,13 +82,14 @@ class Snapshot:
 class CommitLog:
     """The versions of one output folder's state."""
 
-    def __init__(self, store: LocalStore) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
         self.records = Sequence(store, LOG_PREFIX, "v")
 
     @classmethod
     def of(cls, out: Path | str) -> "CommitLog":
-        return cls(LocalStore(out))
+        """The log of OUT, a folder or ``s3://bucket/prefix``."""
+        return cls(open_store(out))
 
     def versions(self) -> list[int]:
         return self.records.numbers()

@@ -14,7 +14,10 @@ store), so of two writers racing for the next generation exactly one wins::
 
 ``check()`` is the fence a writer calls right before it commits. Staleness is judged on
 the heartbeat's wall-clock time, so the machines sharing a folder need roughly synchronised
-clocks (well within the ttl); a holder on this host that died is taken over at once.
+clocks (well within the ttl). On a local folder (``Store.local``) a holder on this host that
+died is taken over at once; on object storage there is no shared pid space (a pod's pid 1 is
+every pod's), so staleness comes from the heartbeat's age alone. The store's ``create`` is the
+only arbiter either way (``S3Store`` refuses a server that ignores ``If-None-Match``).
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
-from modalign.pipeline.store import LocalStore, Sequence
-from modalign.schemas.errors import OutputLockedError
+from modalign.pipeline.store import Sequence, Store
+from modalign.schemas.errors import EnvironmentFaultError, OutputLockedError
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +55,12 @@ class LeaseRecord:
     def holder(self) -> str:
         return f"run {self.run_id[:12]} (pid {self.pid} on {self.host})"
 
-    def stale(self, now: float) -> bool:
+    def stale(self, now: float, *, check_pid: bool = True) -> bool:
+        """Released, or its heartbeat older than its ttl; with ``check_pid`` (a local folder),
+        also a holder on this host whose process is gone."""
         if self.released or now - self.heartbeat_at > self.ttl_s:
             return True
-        return self.host == socket.gethostname() and not _pid_alive(self.pid)
+        return check_pid and self.host == socket.gethostname() and not _pid_alive(self.pid)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -71,7 +76,7 @@ def _pid_alive(pid: int) -> bool:
 class Lease:
     """The lease ``name`` of the folder ``store`` serves; use as a context manager."""
 
-    def __init__(self, store: LocalStore, run_id: str, *, ttl_s: float = DEFAULT_TTL_S, name: str = "out",
+    def __init__(self, store: Store, run_id: str, *, ttl_s: float = DEFAULT_TTL_S, name: str = "out",
                  on_lost: Callable[[OutputLockedError], None] | None = None) -> None:
         self.store = store
         self.run_id = run_id
@@ -100,7 +105,7 @@ class Lease:
         for _ in range(5):  # lose a race for a generation a few times at most
             now = time.time()
             cur = self.current()
-            if cur is not None and not cur.stale(now):
+            if cur is not None and not cur.stale(now, check_pid=self.store.local):
                 raise OutputLockedError(
                     f"{self.store.root} is being written by {cur.holder}, its heartbeat "
                     f"{max(0.0, now - cur.heartbeat_at):.0f} s ago: wait for it to finish; a dead holder's lease "
@@ -154,7 +159,7 @@ class Lease:
                 if self.on_lost is not None:
                     self.on_lost(exc)
                 return
-            except OSError as exc:  # the folder failed: the next beat tries again, the ttl decides
+            except (OSError, EnvironmentFaultError) as exc:  # the store failed: the next beat retries
                 log.warning("lease heartbeat failed: %s", exc)
 
     def __enter__(self) -> "Lease":

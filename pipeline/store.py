@@ -1,7 +1,7 @@
-"""The few storage operations the commit log and the lease need, on a local folder.
+"""The few storage operations the commit log and the lease need (``Store``), on a local folder.
 
-Each maps to one object-store call, so an S3 version (conditional writes, ``If-None-Match``)
-is a drop-in for object storage:
+Each maps to one object-store call, so ``S3Store`` (``pipeline/objstore.py``: conditional
+writes with ``If-None-Match``) is a drop-in for object storage:
 
 | here | S3 |
 | --- | --- |
@@ -22,12 +22,40 @@ import os
 import re
 import secrets
 from pathlib import Path
+from typing import Protocol
 
 from modalign.schemas.files import atomic_write, fsync_dir
 
 
+class Store(Protocol):
+    """What the commit log, the lease and ``Sequence`` use of a store; keys are ``/``-separated
+    and relative to the store's root."""
+
+    @property
+    def root(self) -> Path | str:
+        """What messages name the store by (a folder, or ``s3://bucket/prefix``)."""
+        ...
+
+    @property
+    def local(self) -> bool:
+        """True for a folder of this machine: a lease holder's pid on this host can be checked."""
+        ...
+
+    def create(self, key: str, data: bytes) -> bool: ...
+
+    def put(self, key: str, data: bytes) -> None: ...
+
+    def get(self, key: str) -> bytes | None: ...
+
+    def list(self, prefix: str) -> list[str]: ...
+
+    def delete(self, key: str) -> None: ...
+
+
 class LocalStore:
     """Keys are ``/``-separated paths relative to ``root``."""
+
+    local = True
 
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root)
@@ -81,7 +109,7 @@ class Sequence:
     log's versions and the lease's generations. A record is created write-if-absent, so of two
     writers that both want number ``n`` exactly one gets it."""
 
-    def __init__(self, store: LocalStore, prefix: str, letter: str) -> None:
+    def __init__(self, store: Store, prefix: str, letter: str) -> None:
         self.store, self.prefix, self.letter = store, prefix, letter
         self._name = re.compile(rf"{re.escape(letter)}([0-9]{{20}})\.json")
 
