@@ -728,9 +728,16 @@ def render_access(report: dict) -> str:
     return "\n".join(lines)
 
 
-_CSS = ("body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:.5em 0 1.5em}"
-        "td,th{border:1px solid #bbb;padding:2px 6px;font-size:13px;text-align:left;vertical-align:top}"
-        "th{background:#eee}code{font-size:12px}details{margin:.3em 0}")
+# A short value stays on one line; a long one (a path, a hash, a detector string: class "w") may wrap
+# anywhere rather than widen the page past the window.
+_WRAP_AFTER = 24  # characters
+_CSS = ("body{font-family:sans-serif;margin:2em;color:#222;line-height:1.35}"
+        "table{border-collapse:collapse;margin:.5em 0 1.5em;max-width:100%}"
+        "td,th{border:1px solid #bbb;padding:2px 6px;font-size:13px;text-align:left;vertical-align:top;"
+        "white-space:nowrap}td.w{white-space:normal;overflow-wrap:anywhere}th{background:#eee}"
+        "tr:nth-child(odd) td{background:#fafafa}"
+        "code{font-size:.9em;overflow-wrap:anywhere}pre{font-size:12px;white-space:pre-wrap;overflow-wrap:anywhere}"
+        "details{margin:.3em 0}summary{cursor:pointer;color:#1a4f8b}h2{margin-top:1.6em}")
 
 
 def render_access_html(report: dict) -> str:
@@ -740,7 +747,12 @@ def render_access_html(report: dict) -> str:
 
     def table(rows: list[dict], cols: list[str]) -> str:
         head = "".join(f"<th>{e(c)}</th>" for c in cols)
-        body = "".join("<tr>" + "".join(f"<td>{e(_cell(r.get(c)))}</td>" for c in cols) + "</tr>" for r in rows)
+
+        def td(v: Any) -> str:
+            text = _cell(v)
+            return f"<td class=\"w\">{e(text)}</td>" if len(text) > _WRAP_AFTER else f"<td>{e(text)}</td>"
+
+        body = "".join("<tr>" + "".join(td(r.get(c)) for c in cols) + "</tr>" for r in rows)
         return f"<table><tr>{head}</tr>{body}</table>"
 
     def section(title: str, rows: list[dict], cols: list[str]) -> str:
@@ -753,7 +765,10 @@ def render_access_html(report: dict) -> str:
         f"<title>Access report: subject {e(report['subject'])}</title><style>{_CSS}</style></head><body>",
         f"<h1>Access report (GDPR Art. 15): subject <code>{e(report['subject'])}</code></h1>",
         f"<p>Output folder <code>{e(report['out'])}</code>, commit {e(report['commit'])} "
-        f"({e(report['committed_at'])}). Every row below derives from a source whose lineage lists this subject.</p>",
+        f"({e(report['committed_at'])}). Every row below derives from a source whose lineage lists this subject"
+        + (", except the mentions: document events of any session that carry one of the subject's keyed "
+           "pseudonyms (found through the subject registry, which stays outside the output folder)"
+           if "mentions" in report else "") + ". A long list is folded: click it to open it.</p>",
         table([{"what": k, "count": v} for k, v in c.items()], ["what", "count"]),
     ]
     if not report["sources"]:
