@@ -18,6 +18,7 @@ from modalign.schemas.errors import ModalignError
 EXAMPLES = {
     "sample": "modalign sample ./sample --duration 12",
     "run": "modalign run ./sample/manifest.yaml --out ./out",
+    "watch": "modalign watch ./incoming --out ./out --interval 5 --settle 10 --max-in-flight 2  (or --once, from cron)",
     "inspect": "modalign inspect ./out",
     "deid-eval": "modalign deid-eval --quick",
     "search": "modalign search ./out --text 'vendor contracts' -k 3",
@@ -57,6 +58,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(render(collect(Path(args.out))))
         print(f"\noutputs: {Path(args.out).resolve()}  (details: modalign inspect {args.out})")
     return summary["exit_code"]
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    from modalign.pipeline.runner import resolve_config
+    from modalign.pipeline.watch import Watch, local_listing
+
+    config = resolve_config(args.config)
+    if args.address:
+        config = config.model_copy(update={"runtime": config.runtime.model_copy(update={"address": args.address})})
+    watch = Watch(config, local_listing(Path(args.input), Path(args.out)), Path(args.out), interval_s=args.interval,
+                  settle_s=args.settle, max_in_flight=args.max_in_flight, once=args.once, progress=_progress,
+                  report_every_s=args.report_every)
+    status = watch.run(handle_signals=True)
+    if args.json:
+        print(json.dumps(status, indent=2, default=str))
+    return status["exit_code"]
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -163,6 +180,21 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("run", "run the batch pipeline over a manifest, a folder or a media file", cmd_run)
     sp.add_argument("input", help="manifest (.yaml/.json), folder of manifests/media, or one media file")
     sp.add_argument("--out", required=True, help="output folder")
+    sp.add_argument("--address", help="Ray cluster address (e.g. auto); default: a local Ray")
+    sp.add_argument("--config", help="run configuration (YAML/JSON); see schemas/config.py")
+
+    sp = add("watch", "process the sessions that land in a folder, each version exactly once, until stopped "
+             "(SIGTERM/Ctrl-C: the sessions in flight commit, then it exits; twice: they are abandoned)", cmd_watch)
+    sp.add_argument("input", help="folder to watch (its manifests, and media files no manifest names)")
+    sp.add_argument("--out", required=True, help="output folder (its lease is held while the watch runs)")
+    sp.add_argument("--interval", type=float, default=5.0, metavar="S", help="seconds between listings (default 5)")
+    sp.add_argument("--settle", type=float, default=10.0, metavar="S",
+                    help="seconds a session's files must stay unchanged before it is processed (default 10)")
+    sp.add_argument("--max-in-flight", type=int, default=1, metavar="N",
+                    help="sessions processed (and committed) together at most (default 1)")
+    sp.add_argument("--once", action="store_true", help="process what is ready now, then exit (tests, cron)")
+    sp.add_argument("--report-every", type=float, default=60.0, metavar="S",
+                    help="seconds between status lines while idle (default 60)")
     sp.add_argument("--address", help="Ray cluster address (e.g. auto); default: a local Ray")
     sp.add_argument("--config", help="run configuration (YAML/JSON); see schemas/config.py")
 

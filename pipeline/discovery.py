@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,6 +123,34 @@ def single_source_session(path: Path, allowed_roots: tuple[Path, ...] = ()) -> S
     return Session(manifest, path.parent, None, allowed_roots)
 
 
+def folder_sessions(files: Iterable[Path], allowed_roots: tuple[Path, ...] = (),
+                    invalid: Callable[[Path, ConfigError], None] | None = None) -> list[Session]:
+    """The sessions of a folder's ``files``: each manifest, then each media file no manifest
+    names, as a one-source session. How ``run`` and ``watch`` both read a folder.
+
+    An invalid manifest raises ConfigError, or, given ``invalid``, is handed to it and skipped
+    (the watch loop, for which a manifest may still be being written)."""
+    files = sorted(files)
+    sessions: list[Session] = []
+    claimed: set[Path] = set()
+    for p in files:
+        data = _manifest_data(p)
+        if data is not None:  # parsed once, validated once
+            try:
+                s = Session(validate_mapping(Manifest, data, p), p.parent, p, allowed_roots)
+            except ConfigError as exc:
+                if invalid is None:
+                    raise
+                invalid(p, exc)
+                continue
+            sessions.append(s)
+            claimed.update(s.locate_all()[0].values())
+    for p in files:
+        if p.suffix.lower() in MEDIA_SUFFIXES and p.resolve() not in claimed:
+            sessions.append(single_source_session(p, allowed_roots))
+    return sessions
+
+
 def discover(input_path: Path, allowed_roots: tuple[Path, ...] = ()) -> list[Session]:
     """All sessions under INPUT, validated; raises ConfigError before any work.
 
@@ -143,17 +172,7 @@ def discover(input_path: Path, allowed_roots: tuple[Path, ...] = ()) -> list[Ses
             raise ConfigError(exc.message)
         return [session]
 
-    sessions: list[Session] = []
-    claimed: set[Path] = set()
-    for p in sorted(input_path.rglob("*")):
-        data = _manifest_data(p) if p.is_file() else None
-        if data is not None:  # parsed once, validated once
-            s = Session(validate_mapping(Manifest, data, p), p.parent, p, roots)
-            sessions.append(s)
-            claimed.update(s.locate_all()[0].values())
-    for p in sorted(input_path.rglob("*")):
-        if p.is_file() and p.suffix.lower() in MEDIA_SUFFIXES and p.resolve() not in claimed:
-            sessions.append(single_source_session(p, roots))
+    sessions = folder_sessions([p for p in input_path.rglob("*") if p.is_file()], roots)
     ids = [s.manifest.session_id for s in sessions]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:

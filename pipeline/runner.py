@@ -41,7 +41,7 @@ from modalign.pipeline.openlineage import RunLineage
 from modalign.pipeline.store import LocalStore
 from modalign.pipeline.worker import lineage_row, source_lineage
 from modalign.schemas.arrow import rows_to_table
-from modalign.schemas.config import RunConfig
+from modalign.schemas.config import RunConfig, RuntimeConfig
 from modalign.schemas.environment import key_store_dir, ray_temp_dir
 from modalign.schemas.errors import (ConfigError, EnvironmentFaultError, InputError, ModalignError, OutputLockedError,
                                      QuarantineReason)
@@ -119,23 +119,11 @@ class Runner:
         self.counts: Counter = Counter()
         self.lineage = RunLineage(config.openlineage, self.out, self.run_id)  # OpenLineage events
         self.denylist = Denylist()  # the committed denylist of OUT, read once the lease is held
+        self.committed: Snapshot | None = None  # the commit this run made
 
     # -- Ray ---------------------------------------------------------------------------
     def _init_ray(self) -> int:
-        import os
-
-        import ray
-
-        rt = self.config.runtime
-        if ray.is_initialized():
-            return int(ray.cluster_resources().get("CPU", 1))
-        if rt.address:
-            ray.init(address=rt.address, log_to_driver=False)
-        else:  # loopback only, in the private temp folder, after reaping what killed runs left there
-            from modalign.pipeline.local_ray import start_local_ray
-
-            start_local_ray(rt.num_cpus or os.cpu_count() or 2, ray_temp_dir(rt.ray_temp_dir))
-        return int(ray.cluster_resources().get("CPU", 1))
+        return init_ray(self.config.runtime)
 
     # -- the run -----------------------------------------------------------------------
     def run(self, input_path: Path) -> dict:
@@ -146,25 +134,32 @@ class Runner:
                    on_lost=self._halt) as lease:  # OutputLockedError: another writer holds OUT
             if lease.took_over is not None:
                 self.progress(f"took over the lease of OUT from {lease.took_over.holder}, which stopped")
-            commits = CommitLog(lease.store)
-            base = commits.latest()
-            self._recover(base)
-            self.denylist = Denylist.load(self.out, base, self.key_store)  # erased sources and subjects
-            self.lineage.start(sessions)
-            committed = None
-            try:
-                summary = self._run(sessions)
-                committed = self._commit(lease, commits, base, summary)
-                self.lineage.complete(committed)
-            except BaseException as exc:
-                self.lineage.end(exc)  # FAIL, or ABORT when interrupted
-                raise
-            finally:
-                if committed is None and self._holds(lease):  # nothing of this attempt is listed: remove it
-                    self._sweep(base.files() if base else set(), quietly=True)
-            with storage_faults(self.layout.run_json):
-                write_json(self.layout.run_json, summary)
-            self._sweep(committed.files())
+            return self.run_sessions(lease, sessions)
+
+    def run_sessions(self, lease: Lease, sessions: list[Session]) -> dict:
+        """Process ``sessions`` and commit them (replacing the committed sessions of the same ids)
+        under ``lease``, which the caller holds: ``run`` for one call, the watch loop for its whole
+        life. Returns the run summary; ``self.committed`` is the new commit."""
+        commits = CommitLog(lease.store)
+        base = commits.latest()
+        self._recover(base)
+        self.denylist = Denylist.load(self.out, base, self.key_store)  # erased sources and subjects
+        self.lineage.start(sessions)
+        committed = None
+        try:
+            summary = self._run(sessions)
+            committed = self._commit(lease, commits, base, summary)
+            self.lineage.complete(committed)
+        except BaseException as exc:
+            self.lineage.end(exc)  # FAIL, or ABORT when interrupted
+            raise
+        finally:
+            if committed is None and self._holds(lease):  # nothing of this attempt is listed: remove it
+                self._sweep(base.files() if base else set(), quietly=True)
+        self.committed = committed
+        with storage_faults(self.layout.run_json):
+            write_json(self.layout.run_json, summary)
+        self._sweep(committed.files())
         return summary
 
     def _run(self, sessions: list[Session]) -> dict:
@@ -546,6 +541,23 @@ class Runner:
             "config": self.config.model_dump(mode="json"),
             "exit_code": EXIT_QUARANTINED if c["quarantined"] else EXIT_OK,
         }
+
+
+def init_ray(rt: RuntimeConfig) -> int:
+    """Join ``rt.address``, or start the local Ray (once per process); returns the cluster's CPUs."""
+    import os
+
+    import ray
+
+    if ray.is_initialized():
+        return int(ray.cluster_resources().get("CPU", 1))
+    if rt.address:
+        ray.init(address=rt.address, log_to_driver=False)
+    else:  # loopback only, in the private temp folder, after reaping what killed runs left there
+        from modalign.pipeline.local_ray import start_local_ray
+
+        start_local_ray(rt.num_cpus or os.cpu_count() or 2, ray_temp_dir(rt.ray_temp_dir))
+    return int(ray.cluster_resources().get("CPU", 1))
 
 
 def build_indexes(layout: OutputLayout, feature_files: list[str], attempt: str) -> list[dict]:
