@@ -63,7 +63,7 @@ def _new_sessions(out: Path) -> list[tuple[int, list[str]]]:
 @pytest.fixture(scope="module")
 def watched(ray_local, tmp_path_factory):
     """A watch (settle 1.5 s, one session in flight) into which a file is written in pieces, then
-    a settled file dropped; stopped (drained) once both are committed."""
+    a settled file dropped; stopped (drained) while the second is in flight."""
     root = tmp_path_factory.mktemp("watch")
     inp, out = root / "in", root / "out"
     inp.mkdir()
@@ -88,16 +88,16 @@ def watched(ray_local, tmp_path_factory):
         _wait_for(lambda: watch.in_flight == ["first"], timeout=60, what="first in flight")
         with pytest.raises(OutputLockedError, match="being written by run"):  # a run meanwhile is refused
             Runner(cfg, out).run(inp)
-        _wait_for(lambda: set(committed_versions(out)) == {"first", "growing"}, timeout=120, what="both committed")
+        _wait_for(lambda: watch.in_flight == ["growing"], timeout=120, what="growing in flight")
     finally:
-        watch.stop()
+        watch.stop()  # what SIGTERM does: the session in flight commits, then the watch ends
         thread.join(timeout=120)
     return inp, out, cfg, result, writes, messages
 
 
 def test_dropped_sessions_are_committed_once_and_one_at_a_time(watched):
     inp, out, _cfg, status, writes, messages = watched
-    assert status["state"] == "stopped" and status["exit_code"] == 0
+    assert status["state"] == "stopped" and status["exit_code"] == 0 and not status["in_flight"]
     # Every commit wrote exactly one session, and each session was committed once.
     assert [s for _v, s in _new_sessions(out)] == [["first"], ["growing"]]
     committed = committed_versions(out)
@@ -152,9 +152,15 @@ def test_a_changed_source_replaces_its_session_and_the_rest_is_not_redone(watche
     assert len(_new_sessions(out)) == len(old_commits) + 1
 
 
+# Faces and text shown in frames kept (not detected): the slowest stages of the sample, and exactly-once
+# does not depend on them; the clean run and the watch share the config.
+FAST = {"runtime": {"num_cpus": 2, "ingest_actors": 1},
+        "policy": {"face": {"action": "keep"}, "frame_text": {"action": "keep"}}}
+
+
 def _watch_process(inp: Path, out: Path, keys: Path, *extra: str) -> subprocess.Popen:
     config = keys.parent / "watch-config.json"
-    config.write_text(json.dumps({"runtime": {"num_cpus": 2, "ingest_actors": 1}}))
+    config.write_text(json.dumps(FAST))
     env = dict(os.environ, MODALIGN_KEY_STORE=str(keys), PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "modalign.pipeline.cli", "watch", str(inp), "--out", str(out), "--config",
            str(config), "--settle", "0", "--interval", "0.2", *extra]
@@ -172,7 +178,7 @@ def test_sigkill_mid_session_then_once_commits_it_exactly_once(ray_local, tmp_pa
     generate_sample(inp / "meeting", duration_s=4.5, seed=0)  # `modalign sample`, as short as it makes
     keys = tmp_path / "keys"
     clean = tmp_path / "clean"
-    Runner(RunConfig(key_store=keys), clean, progress=lambda _m: None).run(inp)  # the same folder, batch
+    Runner(RunConfig(key_store=keys, **FAST), clean, progress=lambda _m: None).run(inp)  # the same folder, batch
     expected = _tables(clean)
 
     out = tmp_path / "out"
@@ -185,8 +191,10 @@ def test_sigkill_mid_session_then_once_commits_it_exactly_once(ray_local, tmp_pa
     _reap(driver, kids)
     assert any((out / "events").rglob("*.parquet")) and committed_versions(out) == {}  # written, not committed
 
-    again = _watch_process(inp, out, keys, "--once", "--json")
-    assert again.wait(timeout=300) == 0, again.log.read_text()[-3000:]  # type: ignore[attr-defined]
+    # Restarted with --once (in this process, on the shared Ray: one Ray start less).
+    status = Watch(RunConfig(key_store=keys, **FAST), LocalListing(inp), out, settle_s=0, once=True,
+                   progress=lambda _m: None).run()
+    assert status["exit_code"] == 0 and status["sessions_committed"] == 1
     got = _tables(out)
     diffs = {name: _diff(expected[name], got[name]) for name in expected}
     assert all(d == (0, 0) for d in diffs.values()), {k: v for k, v in diffs.items() if v != (0, 0)}
