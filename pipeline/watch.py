@@ -109,7 +109,8 @@ class Watch:
         self.progress = progress or (lambda msg: log.info(msg))
         self.report_every_s = report_every_s
         self.watch_id = uuid.uuid4().hex
-        self.started_at = time.time()
+        self.started_at = time.time()  # wall clock: compared with mtimes
+        self._t0 = time.monotonic()  # durations
         self._wake = threading.Event()
         self._handle_signals = False
         self._signals = 0  # stop requests so far: 1 drains, 2 abandons
@@ -265,7 +266,7 @@ class Watch:
         self._runner = runner
         self.in_flight = [c.session_id for c, _ in batch]
         self.max_seen_in_flight = max(self.max_seen_in_flight, len(batch))
-        started = time.time()
+        started, t = time.time(), time.monotonic()
         self._write_status("processing")
         self.progress(f"watch: processing {', '.join(self.in_flight)}")
         try:
@@ -288,7 +289,8 @@ class Watch:
             for c, _ in batch:
                 attempts = self.failures.get((c.session_id, c.version), (0, ""))[0] + 1
                 self.failures[(c.session_id, c.version)] = (attempts, message)
-                left = "; left until one of its sources changes" if attempts >= MAX_ATTEMPTS else "; it is retried alone"
+                left = ("; left until one of its sources changes" if attempts >= MAX_ATTEMPTS
+                        else "; it is retried alone")
                 self.progress(f"watch: session {c.session_id} failed (attempt {attempts} of {MAX_ATTEMPTS}): "
                               f"{message}{left}")
             self.totals["failed_attempts"] += len(batch)
@@ -298,7 +300,7 @@ class Watch:
         finally:
             self._runner = None
             self.in_flight = []
-            self.busy_s += time.time() - started
+            self.busy_s += time.monotonic() - t
         committed_at = time.time()
         self.committed = committed_versions(self.out)
         version = runner.committed.version if runner.committed else None
@@ -306,6 +308,9 @@ class Watch:
         self.recorded_s += summary["counts"]["ticks"] / self.config.align.tick_hz
         if summary["exit_code"] == EXIT_QUARANTINED and self.exit_code == EXIT_OK:
             self.exit_code = EXIT_QUARANTINED
+        if self.view:  # the last poll's counts, as they are now
+            self.view["ready"] -= len(batch)
+            self.view["committed"] += sum(self.committed.get(c.session_id) == c.version for c, _ in batch)
         for c, ready_at in batch:
             self.failures.pop((c.session_id, c.version), None)
             lag = committed_at - ready_at
@@ -323,7 +328,7 @@ class Watch:
 
     # -- figures -----------------------------------------------------------------------
     def figures(self) -> dict:
-        uptime = time.time() - self.started_at
+        uptime = time.monotonic() - self._t0
         n = self.totals["sessions"]
         return {
             "sessions_committed": n,
