@@ -59,8 +59,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from modalign.pipeline.commits import CommitLog, Snapshot, sweep
-from modalign.pipeline.layout import (CTAL_JSONL, TABLES, OutputLayout, attempt_of, safe_name, write_json,
-                                      write_table)
+from modalign.pipeline.layout import CTAL_JSONL, TABLES, OutputLayout, attempt_of, write_json, write_table
 from modalign.schemas.errors import ConfigError
 from modalign.schemas.files import atomic_write, fsync_dir, sha256_file
 
