@@ -15,12 +15,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
-import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +29,6 @@ from modalign.schemas.manifest import Manifest
 pytestmark = pytest.mark.e2e
 
 DURATION_S = 6.0
-MODALIGN = str(Path(sys.executable).parent / "modalign")
 FPS = 25
 RUN_BYTES = 48  # 16 RGB pixels
 FACE_FRAMES = (0, 60, 120)
@@ -42,26 +36,12 @@ FACE_ROWS = (30, 60, 90, 120)
 
 
 @pytest.fixture(scope="module")
-def canary(tmp_path_factory):
-    from modalign.pipeline.sample import generate_sample
-
-    root = tmp_path_factory.mktemp("canary")
-    manifest_path = generate_sample(root / "sample", DURATION_S, seed=0)
-    # Ray's socket paths (session dir + /sockets/plasma_store) must stay under 108 bytes: a short dir
-    ray_tmp = Path(tempfile.mkdtemp(prefix="mcr", dir="/tmp"))
-    dirs = {"out": root / "out", "tmpdir": root / "tmpdir", "ray": ray_tmp, "keys": root / "keys"}
-    dirs["tmpdir"].mkdir()
-    env = dict(os.environ, MODALIGN_KEY_STORE=str(dirs["keys"]), TMPDIR=str(dirs["tmpdir"]),
-               RAY_TMPDIR=str(ray_tmp))
-    try:
-        run = subprocess.run([MODALIGN, "run", str(manifest_path), "--out", str(dirs["out"])], env=env,
-                             capture_output=True, text=True, timeout=900)
-        (root / "console.txt").write_text(run.stdout + "\n" + run.stderr)
-        dirs["console"] = root / "console.txt"
-        yield {"run": run, "dirs": dirs, "manifest": load_model(Manifest, manifest_path),
-               "video": root / "sample" / "room.mp4"}
-    finally:
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+def canary(sample_run):
+    """The shared CLI run (tests/e2e/conftest.py: its own TMPDIR and RAY_TMPDIR, so all it wrote is found)."""
+    assert sample_run["duration_s"] == DURATION_S
+    return {"run": sample_run["run"], "dirs": sample_run["dirs"],
+            "manifest": load_model(Manifest, sample_run["manifest_path"]),
+            "video": sample_run["root"] / "sample" / "room.mp4"}
 
 
 def _written_files(dirs: dict[str, Path]) -> list[Path]:

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,14 +28,10 @@ MODALIGN = str(Path(sys.executable).parent / "modalign")
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    root = tmp_path_factory.mktemp("e2e")
-    env = dict(os.environ, MODALIGN_KEY_STORE=str(root / "keys"))
-    subprocess.run([MODALIGN, "sample", str(root / "sample"), "--duration", str(DURATION_S)], check=True, env=env)
-    run = subprocess.run([MODALIGN, "run", str(root / "sample" / "manifest.yaml"), "--out", str(root / "out")],
-                         env=env, capture_output=True, text=True, timeout=900)
-    manifest = load_model(Manifest, root / "sample" / "manifest.yaml")
-    return root, run, manifest
+def demo(sample_run):
+    """The shared CLI run (tests/e2e/conftest.py): its root holds sample/, out/ and keys/."""
+    assert sample_run["duration_s"] == DURATION_S
+    return sample_run["root"], sample_run["run"], load_model(Manifest, sample_run["manifest_path"])
 
 
 def _table(out: Path, pattern: str):
@@ -191,30 +188,34 @@ def test_lineage_rows_name_every_source(demo):
     assert any((root / "out" / "index").glob("*.faiss"))
 
 
-def test_inspect_and_idempotent_rerun(demo):
+def test_inspect_and_idempotent_rerun(demo, tmp_path):
     root, _, _ = demo
-    env = dict(os.environ, MODALIGN_KEY_STORE=str(root / "keys"))
-    out = subprocess.run([MODALIGN, "inspect", str(root / "out")], capture_output=True, text=True, check=True)
-    assert "alignment residuals" in out.stdout and "lapel" in out.stdout
+    shown = subprocess.run([MODALIGN, "inspect", str(root / "out")], capture_output=True, text=True, check=True)
+    assert "alignment residuals" in shown.stdout and "lapel" in shown.stdout
+    # the re-run works on copies: the shared run's OUT and key store stay as it left them (test_canary scans them)
+    out, keys = tmp_path / "out", tmp_path / "keys"
+    shutil.copytree(root / "out", out)
+    shutil.copytree(root / "keys", keys)
+    env = dict(os.environ, MODALIGN_KEY_STORE=str(keys))
     import modalign
 
     events = ("events_video", "events_audio", "events_pdf")
-    first_tables = {t: modalign.open(root / "out").table(t).to_table().sort_by("event_id") for t in events}
-    first = json.loads((root / "out" / "run.json").read_text())["run_id"][:12]
-    before = sorted(str(p.relative_to(root / "out")) for p in (root / "out" / "events").rglob("*.parquet"))
+    first_tables = {t: modalign.open(out).table(t).to_table().sort_by("event_id") for t in events}
+    first = json.loads((out / "run.json").read_text())["run_id"][:12]
+    before = sorted(str(p.relative_to(out)) for p in (out / "events").rglob("*.parquet"))
     assert before and all(first in p for p in before)
-    rerun = subprocess.run([MODALIGN, "run", str(root / "sample" / "manifest.yaml"), "--out", str(root / "out"),
+    rerun = subprocess.run([MODALIGN, "run", str(root / "sample" / "manifest.yaml"), "--out", str(out),
                             "--json"], env=env, capture_output=True, text=True, timeout=900)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     summary = json.loads(rerun.stdout)
-    after = sorted(str(p.relative_to(root / "out")) for p in (root / "out" / "events").rglob("*.parquet"))
+    after = sorted(str(p.relative_to(out)) for p in (out / "events").rglob("*.parquet"))
     second = summary["run_id"][:12]
     # the re-run's parts replaced the first run's one for one (committed, then the old ones removed)
     assert after == [p.replace(first, second) for p in before]
     # determinism: the same input and config give identical de-identified events (blurred pixels,
     # blur boxes, pseudonyms, MFCCs), value for value
     for t in events:
-        again = modalign.open(root / "out").table(t).to_table().sort_by("event_id")
+        again = modalign.open(out).table(t).to_table().sort_by("event_id")
         assert again.num_rows and again.equals(first_tables[t]), t
     cache = summary["counts"]["cache"]
     assert cache["hits"]["frame"] > 0 and cache["misses"]["frame"] == 0  # every frame feature from the cache
