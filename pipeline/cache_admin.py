@@ -135,7 +135,7 @@ def cache_gc(out: Path, *, dry_run: bool = False) -> dict:
 
     out = Path(out)
     cache = _cache(out)
-    with Lease(LocalStore(out), uuid.uuid4().hex):  # OutputLockedError while a run writes OUT
+    with Lease(LocalStore(out), uuid.uuid4().hex, writer="cache gc"):  # OutputLockedError while a run writes OUT
         return _gc(out, cache, dry_run)
 
 

@@ -428,7 +428,7 @@ def erase(out: str | PathLike, *, subject: str | None = None, source: str | None
             return _dry_report(store, plan, subject, source, scope)
     Output(root)  # ConfigError before the lease: no such folder, or not an output folder
     started = time.time()
-    with Lease(LocalStore(root), erasure_id, ttl_s=lease_ttl_s or DEFAULT_TTL_S) as lease:
+    with Lease(LocalStore(root), erasure_id, ttl_s=lease_ttl_s or DEFAULT_TTL_S, writer="erasure") as lease:
         commits = CommitLog(lease.store)
         base = commits.latest()
         if base is None:

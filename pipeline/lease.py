@@ -29,7 +29,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 
 from modalign.pipeline.store import Sequence, Store
 from modalign.schemas.errors import EnvironmentFaultError, OutputLockedError
@@ -50,10 +50,11 @@ class LeaseRecord:
     heartbeat_at: float
     ttl_s: float
     released: bool = False
+    writer: str = "run"  # what holds it: run, watch, erasure, cache gc (for the messages)
 
     @property
     def holder(self) -> str:
-        return f"run {self.run_id[:12]} (pid {self.pid} on {self.host})"
+        return f"{self.writer} {self.run_id[:12]} (pid {self.pid} on {self.host})"
 
     def stale(self, now: float, *, check_pid: bool = True) -> bool:
         """Released, or its heartbeat older than its ttl; with ``check_pid`` (a local folder),
@@ -77,9 +78,10 @@ class Lease:
     """The lease ``name`` of the folder ``store`` serves; use as a context manager."""
 
     def __init__(self, store: Store, run_id: str, *, ttl_s: float = DEFAULT_TTL_S, name: str = "out",
-                 on_lost: Callable[[OutputLockedError], None] | None = None) -> None:
+                 on_lost: Callable[[OutputLockedError], None] | None = None, writer: str = "run") -> None:
         self.store = store
         self.run_id = run_id
+        self.writer = writer
         self.ttl_s = ttl_s
         self.records = Sequence(store, f"{LEASE_PREFIX}/{name}", "g")
         self.on_lost = on_lost
@@ -97,7 +99,8 @@ class Lease:
         for generation in reversed(self.records.numbers()):
             data = self.store.get(self._key(generation))
             if data is not None:
-                return LeaseRecord(**json.loads(data))
+                raw = json.loads(data)  # fields a later version adds are left out
+                return LeaseRecord(**{f.name: raw[f.name] for f in fields(LeaseRecord) if f.name in raw})
         return None
 
     # -- life cycle ------------------------------------------------------------------------
@@ -112,7 +115,7 @@ class Lease:
                     f"is taken over once its heartbeat is {cur.ttl_s:.0f} s old")
             rec = LeaseRecord(generation=(cur.generation if cur else 0) + 1, run_id=self.run_id,
                               host=socket.gethostname(), pid=os.getpid(), acquired_at=now, heartbeat_at=now,
-                              ttl_s=self.ttl_s)
+                              ttl_s=self.ttl_s, writer=self.writer)
             if self.store.create(self._key(rec.generation), json.dumps(asdict(rec)).encode()):
                 self.record, self.took_over = rec, (cur if cur is not None and not cur.released else None)
                 for old in self.records.numbers():

@@ -163,7 +163,7 @@ class Watch:
         self._handle_signals = handle_signals
         try:
             with Lease(LocalStore(self.out), self.watch_id, ttl_s=self.config.runtime.lease_ttl_s,
-                       on_lost=self._lease_lost) as lease:
+                       on_lost=self._lease_lost, writer="watch") as lease:
                 if lease.took_over is not None:
                     self.progress(f"took over the lease of OUT from {lease.took_over.holder}, which stopped")
                 self.committed = committed_versions(self.out)

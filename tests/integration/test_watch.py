@@ -86,7 +86,7 @@ def watched(ray_local, tmp_path_factory):
         write_tone(inp / "first.wav", seconds=1.0)
         os.utime(inp / "first.wav", (time.time() - 60, time.time() - 60))  # settled: ready at once
         _wait_for(lambda: watch.in_flight == ["first"], timeout=60, what="first in flight")
-        with pytest.raises(OutputLockedError, match="being written by run"):  # a run meanwhile is refused
+        with pytest.raises(OutputLockedError, match="being written by watch"):  # a run meanwhile is refused
             Runner(cfg, out).run(inp)
         _wait_for(lambda: watch.in_flight == ["growing"], timeout=120, what="growing in flight")
     finally:

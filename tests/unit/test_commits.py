@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 import threading
@@ -84,6 +86,17 @@ def test_a_second_writer_is_refused_naming_the_holder(tmp_path):
             Lease(store, "b" * 32).acquire()
     with Lease(store, "b" * 32) as second:  # released: the next writer gets it, with a new generation
         assert second.record.generation == 2 and second.took_over is None
+
+
+def test_the_refusal_names_what_holds_the_lease_and_a_record_with_newer_fields_still_reads(tmp_path):
+    store = LocalStore(tmp_path)
+    with Lease(store, "c" * 32, writer="watch"):
+        with pytest.raises(OutputLockedError, match=r"being written by watch cccccccccccc \(pid \d+ on "):
+            Lease(store, "d" * 32).acquire()
+    _record(store, generation=2, run_id="e" * 32, host=socket.gethostname(), pid=os.getpid(), writer="erasure",
+            added_by_a_later_version=True)
+    with pytest.raises(OutputLockedError, match=r"being written by erasure eeeeeeeeeeee "):
+        Lease(store, "f" * 32).acquire()
 
 
 def test_a_live_remote_holder_blocks_and_a_stale_one_is_taken_over(tmp_path):
