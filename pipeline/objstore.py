@@ -130,6 +130,13 @@ class S3Options:
     max_concurrency: int = 16        # concurrent calls per store (and its HTTP connection pool)
     page_size: int = 1000            # ListObjectsV2 MaxKeys
 
+    @classmethod
+    def from_config(cls, storage: Any) -> "S3Options":
+        """The options of a run's ``storage`` config section (``schemas.config.StorageConfig``)."""
+        return cls(endpoint_url=storage.endpoint_url, region=storage.region, max_attempts=storage.max_attempts,
+                   retry_mode=storage.retry_mode, connect_timeout_s=storage.connect_timeout_s,
+                   read_timeout_s=storage.read_timeout_s, max_concurrency=storage.max_concurrency)
+
     def resolved_endpoint(self) -> str | None:
         """The endpoint URL in force (None: AWS's own for the region)."""
         if self.endpoint_url:

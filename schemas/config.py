@@ -189,6 +189,26 @@ class LineageEventsConfig(_Strict):
     http: LineageHttpConfig | None = Field(None, description="also POST every event here; None: file only")
 
 
+class StorageConfig(_Strict):
+    """How modalign talks to object storage when INPUT or OUT is ``s3://bucket/prefix``
+    (``pipeline.objstore.S3Options``). Credentials are never here: they come from the standard
+    AWS chain (environment, config and profile files, instance or pod roles)."""
+
+    endpoint_url: str | None = Field(
+        None, max_length=2048, pattern=r"^https?://[^\s/@]+(/[^\s@]*)?$",
+        description="S3-compatible endpoint (SeaweedFS, MinIO, Ceph); None: $AWS_ENDPOINT_URL_S3 / "
+                    "$AWS_ENDPOINT_URL, else AWS")
+    region: str | None = Field(None, max_length=64, pattern=r"^[a-z0-9-]+$",
+                               description="None: $AWS_REGION / $AWS_DEFAULT_REGION / the profile's")
+    max_attempts: int = Field(5, ge=1, le=20, description="tries of one call on transient errors (first included)")
+    retry_mode: Literal["standard", "adaptive"] = Field(
+        "standard", description="botocore retry mode; adaptive adds client-side rate limiting when throttled")
+    connect_timeout_s: float = Field(5.0, gt=0, le=300)
+    read_timeout_s: float = Field(60.0, gt=0, le=3600)
+    max_concurrency: int = Field(16, ge=1, le=512,
+                                 description="concurrent calls per store and process (stays under S3's per-prefix limits)")
+
+
 class RunConfig(_Strict):
     """Everything ``modalign run`` needs besides INPUT and --out."""
 
@@ -198,6 +218,7 @@ class RunConfig(_Strict):
     embed: EmbedConfig = EmbedConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     openlineage: LineageEventsConfig = LineageEventsConfig()
+    storage: StorageConfig = StorageConfig()
     key_store: Path | None = Field(
         None, description="pseudonym key vault; default ~/.modalign/keys (never inside the output folder)"
     )
