@@ -15,6 +15,10 @@ from pathlib import Path
 
 from modalign.schemas.errors import ModalignError
 
+# modalign.pipeline.metrics.WATCH_PORT and DEFAULT_HOST, not imported here so that --help stays light
+WATCH_PORT = 9464
+METRICS_HOST = "127.0.0.1"
+
 EXAMPLES = {
     "sample": "modalign sample ./sample --duration 12",
     "run": "modalign run ./sample/manifest.yaml --out ./out",
@@ -43,13 +47,43 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _metrics(args: argparse.Namespace, default_port: int | None = None):
+    """The metrics of this command, served on ``--metrics-host:--metrics-port`` (0: not served).
+
+    A port given and in use stops the command (EnvironmentFaultError); the default port in use
+    (another watch on this machine) is said, and the command goes on without the endpoint."""
+    from modalign.pipeline.metrics import Metrics
+    from modalign.schemas.errors import EnvironmentFaultError
+
+    metrics = Metrics()
+    port = default_port if args.metrics_port is None else args.metrics_port
+    if port:
+        try:
+            metrics.serve(port, args.metrics_host)
+        except EnvironmentFaultError as exc:
+            if args.metrics_port is not None:
+                raise
+            _progress(f"metrics not served: {exc.message}")
+        else:
+            _progress(f"metrics: {metrics.url}")
+    return metrics
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    import time
+
     from modalign.pipeline.runner import Runner, resolve_config
 
     config = resolve_config(args.config)
     if args.address:
         config = config.model_copy(update={"runtime": config.runtime.model_copy(update={"address": args.address})})
-    summary = Runner(config, Path(args.out), progress=_progress).run(Path(args.input))
+    metrics = _metrics(args)
+    try:
+        summary = Runner(config, Path(args.out), progress=_progress, metrics=metrics).run(Path(args.input))
+        if metrics.port and args.metrics_linger > 0:  # a last scrape sees the final values
+            time.sleep(args.metrics_linger)
+    finally:
+        metrics.close()
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     else:
@@ -67,10 +101,14 @@ def cmd_watch(args: argparse.Namespace) -> int:
     config = resolve_config(args.config)
     if args.address:
         config = config.model_copy(update={"runtime": config.runtime.model_copy(update={"address": args.address})})
+    metrics = _metrics(args, WATCH_PORT)
     watch = Watch(config, local_listing(Path(args.input), Path(args.out)), Path(args.out), interval_s=args.interval,
                   settle_s=args.settle, max_in_flight=args.max_in_flight, once=args.once, progress=_progress,
-                  report_every_s=args.report_every)
-    status = watch.run(handle_signals=True)
+                  report_every_s=args.report_every, metrics=metrics)
+    try:
+        status = watch.run(handle_signals=True)
+    finally:
+        metrics.close()
     if args.json:
         print(json.dumps(status, indent=2, default=str))
     return status["exit_code"]
@@ -157,6 +195,13 @@ def cmd_deid_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _metrics_options(sp: argparse.ArgumentParser, default: str) -> None:
+    sp.add_argument("--metrics-port", type=int, metavar="N",
+                    help=f"serve Prometheus metrics on http://HOST:N/metrics ({default})")
+    sp.add_argument("--metrics-host", default=METRICS_HOST, metavar="HOST",
+                    help=f"address the metrics endpoint binds (default {METRICS_HOST}; 0.0.0.0 in a pod)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="modalign",
@@ -182,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", required=True, help="output folder")
     sp.add_argument("--address", help="Ray cluster address (e.g. auto); default: a local Ray")
     sp.add_argument("--config", help="run configuration (YAML/JSON); see schemas/config.py")
+    _metrics_options(sp, "default: not served")
+    sp.add_argument("--metrics-linger", type=float, default=0.0, metavar="S",
+                    help="keep the metrics endpoint up S seconds after the run, for a last scrape (default 0)")
 
     sp = add("watch", "process the sessions that land in a folder, each version exactly once, until stopped "
              "(SIGTERM/Ctrl-C: the sessions in flight commit, then it exits; twice: they are abandoned)", cmd_watch)
@@ -197,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds between status lines while idle (default 60)")
     sp.add_argument("--address", help="Ray cluster address (e.g. auto); default: a local Ray")
     sp.add_argument("--config", help="run configuration (YAML/JSON); see schemas/config.py")
+    _metrics_options(sp, f"default {WATCH_PORT}, or none if another process holds it; 0: not served")
 
     sp = add("deid-eval", "measure de-identification efficacy (text recall/F2, face re-detection and linkability, "
              "voice linkability) on generated data", cmd_deid_eval)

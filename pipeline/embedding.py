@@ -6,6 +6,7 @@ feature cache per actor, persisted under ``OUT/cache`` so a re-run finds its fea
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ class Embedder:
         Returns the rows per granularity and the files written (relative to OUT)."""
         if table.num_rows == 0:
             return {"rows": 0, "model_id": None, "granularities": {}, "files": []}
+        started = time.perf_counter()  # a modality's first batch includes loading its model
         op = self._op(modality)
         if modality == "video" and self.config.embed.roi_boxes:
             table = with_user_boxes(table, self.config.embed.roi_boxes)
@@ -64,7 +66,8 @@ class Embedder:
                                         part)
             files.append(self.layout.relative(write_table(path, out)))
             counts[gran] = sub.num_rows
-        return {"rows": feats.num_rows, "model_id": model_id, "granularities": counts, "files": files}
+        return {"rows": feats.num_rows, "model_id": model_id, "granularities": counts, "files": files,
+                "modality": modality, "seconds": time.perf_counter() - started}
 
     def flush(self) -> dict:
         """Persist new cache entries; returns hit/miss counts per granularity."""

@@ -58,10 +58,12 @@ class SourceItem:
 @dataclass(frozen=True)
 class MetaItem:
     """Event ids and session times of one batch, for the aligner, and the events file that holds
-    the batch (relative to OUT), for the commit."""
+    the batch (relative to OUT), for the commit; ``seconds``: the worker's time to decode,
+    de-identify and write it (the ingest latency metric)."""
 
     table: Any  # pa.Table
     path: str = ""
+    seconds: float | None = None
 
 
 @dataclass(frozen=True)

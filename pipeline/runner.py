@@ -37,6 +37,7 @@ from modalign.pipeline.items import (ClockItem, DoneItem, EmbedItem, FaultItem, 
 from modalign.pipeline.layout import (OutputLayout, attempt_of, check_writable, storage_faults, write_fault,
                                       write_json, write_table)
 from modalign.pipeline.lease import Lease
+from modalign.pipeline.metrics import Metrics
 from modalign.pipeline.openlineage import RunLineage
 from modalign.pipeline.store import LocalStore
 from modalign.pipeline.worker import lineage_row, source_lineage
@@ -102,7 +103,8 @@ class _SourceStream:
 
 
 class Runner:
-    def __init__(self, config: RunConfig, out: Path, progress: Callable[[str], None] | None = None) -> None:
+    def __init__(self, config: RunConfig, out: Path, progress: Callable[[str], None] | None = None, *,
+                 metrics: Metrics | None = None) -> None:
         self.config = config
         self.out = Path(out).absolute()  # workers run in other folders (and on other nodes)
         self.layout = OutputLayout(self.out)
@@ -120,6 +122,7 @@ class Runner:
         self.lineage = RunLineage(config.openlineage, self.out, self.run_id)  # OpenLineage events
         self.denylist = Denylist()  # the committed denylist of OUT, read once the lease is held
         self.committed: Snapshot | None = None  # the commit this run made
+        self.metrics = metrics or Metrics()  # fed from the items routed here; served by the CLI when asked
 
     # -- Ray ---------------------------------------------------------------------------
     def _init_ray(self) -> int:
@@ -152,11 +155,14 @@ class Runner:
             self.lineage.complete(committed)
         except BaseException as exc:
             self.lineage.end(exc)  # FAIL, or ABORT when interrupted
+            self.metrics.runs.labels("failed").inc()
             raise
         finally:
             if committed is None and self._holds(lease):  # nothing of this attempt is listed: remove it
                 self._sweep(base.files() if base else set(), quietly=True)
         self.committed = committed
+        self.metrics.runs.labels("committed").inc()
+        self.metrics.sessions.inc(len(sessions))
         with storage_faults(self.layout.run_json):
             write_json(self.layout.run_json, summary)
         self._sweep(committed.files())
@@ -210,7 +216,9 @@ class Runner:
             align = {}
             for st in self.states:
                 sid = st.session.manifest.session_id
+                t = time.perf_counter()
                 align[sid] = self._get(st.aligner.finish.remote(), f"the aligner of session {sid}")
+                self.metrics.aligned(align[sid], time.perf_counter() - t)
                 st.files.update(align[sid]["files"])
                 for k in ("ticks", "gaps", "ctal_rows", "drift_alarms"):
                     self.counts[k] += align[sid][k]
@@ -219,6 +227,7 @@ class Runner:
                 self.progress(f"align {sid}: {align[sid]['ticks']} ticks, {align[sid]['gaps']} gaps, "
                               f"{align[sid]['drift_alarms']} drift alarm(s)")
             cache_stats = self._get(embedder.flush.remote(), "the embed actor")
+            self.metrics.cache_stats(cache_stats)
         finally:  # a failed run must not leave actors (and their models) behind
             for a in actors:
                 ray.kill(a)
@@ -234,14 +243,18 @@ class Runner:
         features = sorted(f for s in [*sessions.values(), *carried.values()] for f in s["files"]
                           if f.startswith("features/"))
         with storage_faults(self.out):
+            t = time.perf_counter()
             indexes = build_indexes(self.layout, features, self.attempt)
+            self.metrics.stage("index", time.perf_counter() - t)
             summary["indexes"] = indexes
             shared = [ix["path"] for ix in indexes] + carried_shared(base)  # + the denylist, erasure reports
             new_files = [self.out / f for s in sessions.values() for f in s["files"]] + [self.out / f for f in shared]
             for folder in sorted({p.parent for p in new_files}):
                 fsync_dir(folder)
             lease.check()  # the fence: a writer that lost its lease must not commit
+            t = time.perf_counter()
             snap = commits.commit(base, run_id=self.run_id, sessions=sessions, shared=shared, summary=summary)
+            self.metrics.stage("commit", time.perf_counter() - t)
         self.progress(f"commit {snap.version} of {self.out}: {len(snap.files())} files, "
                       f"{len(sessions)} session(s) written, {len(carried)} kept")
         return snap
@@ -362,6 +375,7 @@ class Runner:
             st.lineage.append(done.row)
             self.counts[f"events_{job.spec.modality}"] += src.events
             self.counts.update(done.counts)
+        self.metrics.source_done(job.spec.modality, done.row.status, _source_bytes(job), done.counts)
         self.progress(f"ingest {job.session_id}/{job.spec.id} ({job.spec.modality}): {src.events} events, "
                       f"{done.row.status}")
 
@@ -434,6 +448,7 @@ class Runner:
                     st.files.add(item.path)
                 latency = (time.perf_counter() - src.started) * 1e3
                 src.pending.append(st.aligner.add.remote(job.spec.id, table, latency))
+                self.metrics.batch_ingested(job.spec.modality, table.num_rows, item.seconds)
             case EmbedItem(modality=modality, rows=rows, table=table_ref):
                 if rows:
                     lineage = src.lineage.model_dump() if src.lineage else {}
@@ -493,6 +508,7 @@ class Runner:
         for r in results:
             if isinstance(r, dict) and "granularities" in r:
                 with self._lock:
+                    self.metrics.embedded(r)
                     for g, n in r["granularities"].items():
                         self.counts[f"features_{g}"] += n
                     st.files.update(r["files"])
@@ -506,6 +522,8 @@ class Runner:
             if rows:
                 st.files.add(self.layout.relative(path))
         self.counts["quarantined"] += len(st.quarantine)
+        for row in st.quarantine:
+            self.metrics.quarantine(row.reason_code)
 
     def _summary(self, sessions, align, cache_stats, elapsed_s: float) -> dict:
         from modalign.operators.base import all_operators
@@ -541,6 +559,19 @@ class Runner:
             "config": self.config.model_dump(mode="json"),
             "exit_code": EXIT_QUARANTINED if c["quarantined"] else EXIT_OK,
         }
+
+
+def _source_bytes(job: SourceJob) -> int | None:
+    """Size of a source: the listing's (an object), else its file's; None for a video's own sound
+    track (its file is counted once) and for a file gone meanwhile."""
+    if job.spec.track_of is not None:
+        return None
+    if getattr(job, "size", None) is not None:
+        return job.size
+    try:
+        return Path(job.path).stat().st_size
+    except (OSError, TypeError):
+        return None
 
 
 def init_ray(rt: RuntimeConfig) -> int:

@@ -48,6 +48,7 @@ from typing import Any
 from modalign.pipeline.layout import check_writable, write_json
 from modalign.pipeline.lease import Lease
 from modalign.pipeline.listing import Candidate, Entry, Found, Listing, LocalListing, SourceVersion
+from modalign.pipeline.metrics import Metrics
 from modalign.pipeline.runner import EXIT_FAILED, EXIT_OK, EXIT_QUARANTINED, Runner, init_ray
 from modalign.pipeline.store import LocalStore
 from modalign.schemas.config import RunConfig
@@ -98,7 +99,8 @@ class Watch:
 
     def __init__(self, config: RunConfig, listing: Listing, out: Path, *, interval_s: float = 5.0,
                  settle_s: float = 10.0, max_in_flight: int = 1, once: bool = False,
-                 progress: Callable[[str], None] | None = None, report_every_s: float = 60.0) -> None:
+                 progress: Callable[[str], None] | None = None, report_every_s: float = 60.0,
+                 metrics: Metrics | None = None) -> None:
         if interval_s <= 0 or settle_s < 0 or max_in_flight < 1:
             raise ConfigError(f"watch: --interval must be > 0 (got {interval_s}), --settle >= 0 (got {settle_s}), "
                               f"--max-in-flight >= 1 (got {max_in_flight})")
@@ -108,6 +110,7 @@ class Watch:
         self.interval_s, self.settle_s, self.max_in_flight, self.once = interval_s, settle_s, max_in_flight, once
         self.progress = progress or (lambda msg: log.info(msg))
         self.report_every_s = report_every_s
+        self.metrics = metrics or Metrics()  # the CLI serves it (``--metrics-port``)
         self.watch_id = uuid.uuid4().hex
         self.started_at = time.time()  # wall clock: compared with mtimes
         self._t0 = time.monotonic()  # durations
@@ -233,6 +236,7 @@ class Watch:
         live = {k for c in found.candidates for k in c.keys}
         for k in [k for k in self.seen if k not in live]:  # forget what is gone (memory stays bounded)
             del self.seen[k]
+        self.metrics.listing(len(live), self.view)
         return ready
 
     def _observe(self, key: str, entry: Entry, now: float) -> float:
@@ -241,6 +245,7 @@ class Watch:
         if seen is None or seen[0] != entry.version:
             seen = (entry.version, min(now, entry.modified_at) if entry.modified_at is not None else now)
             self.seen[key] = seen
+            self.metrics.objects_seen.inc()
         return seen[1]
 
     def _next_batch(self, ready: list[tuple[Candidate, float]]) -> list[tuple[Candidate, float]]:
@@ -262,9 +267,10 @@ class Watch:
     def _process(self, lease: Lease, batch: list[tuple[Candidate, float]]) -> bool:
         """Run and commit one batch; False when it did not commit."""
         self._ensure_ray()
-        runner = Runner(self.config, self.out, self.progress)
+        runner = Runner(self.config, self.out, self.progress, metrics=self.metrics)
         self._runner = runner
         self.in_flight = [c.session_id for c, _ in batch]
+        self.metrics.in_flight.set(len(batch))
         self.max_seen_in_flight = max(self.max_seen_in_flight, len(batch))
         started, t = time.time(), time.monotonic()
         self._write_status("processing")
@@ -278,6 +284,7 @@ class Watch:
             if self._signals < 2:
                 raise  # not ours: an interrupt of a library caller
             self.totals["abandoned"] += len(batch)
+            self.metrics.processed.labels("abandoned").inc(len(batch))
             self.progress(f"watch: abandoned {', '.join(self.in_flight)} (nothing of them committed)")
             self.exit_code = EXIT_FAILED
             return False
@@ -294,13 +301,16 @@ class Watch:
                 self.progress(f"watch: session {c.session_id} failed (attempt {attempts} of {MAX_ATTEMPTS}): "
                               f"{message}{left}")
             self.totals["failed_attempts"] += len(batch)
+            self.metrics.processed.labels("failed").inc(len(batch))
             if self.once and all(self.failures[(c.session_id, c.version)][0] >= MAX_ATTEMPTS for c, _ in batch):
                 self.exit_code = EXIT_FAILED
             return False
         finally:
             self._runner = None
             self.in_flight = []
+            self.metrics.in_flight.set(0)
             self.busy_s += time.monotonic() - t
+            self.metrics.batch_seconds.observe(time.monotonic() - t)
         committed_at = time.time()
         self.committed = committed_versions(self.out)
         version = runner.committed.version if runner.committed else None
@@ -315,6 +325,8 @@ class Watch:
             self.failures.pop((c.session_id, c.version), None)
             lag = committed_at - ready_at
             self.lags.append(lag)
+            self.metrics.lag.observe(lag)
+            self.metrics.processed.labels("committed").inc()
             self.totals["sessions"] += 1
             changed = self.committed.get(c.session_id) != c.version  # a source changed during the run
             self.recent.append({"session_id": c.session_id, "commit": version, "batch": self.totals["batches"],

@@ -11,6 +11,7 @@ what is stored and what is embedded comes from the modality's plan
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Generator, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -146,6 +147,7 @@ class IngestWorker:
         sampler: dict = {}
         columns = lineage.model_dump()
         try:
+            t = time.perf_counter()
             for clean in self._deidentified(ops, ctx):
                 if clean.num_rows == 0:
                     continue
@@ -156,9 +158,11 @@ class IngestWorker:
                     write_table(path, stored)
                 part += 1
                 events += clean.num_rows
-                yield MetaItem(clean.select(list(plan.meta_columns)), self.layout.relative(path))
+                yield MetaItem(clean.select(list(plan.meta_columns)), self.layout.relative(path),
+                               time.perf_counter() - t)
                 payload = self._embed_payload(plan, clean, sampler)
                 yield EmbedItem(plan.name, payload.num_rows, payload)
+                t = time.perf_counter()
         except EnvironmentFaultError:
             raise
         except (InputError, ComplianceError) as exc:
