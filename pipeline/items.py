@@ -13,26 +13,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modalign.schemas.manifest import ClockMapping, SourceSpec
 from modalign.schemas.tables import LineageColumns, QuarantineRow, SourceLineageRow
 
+if TYPE_CHECKING:
+    from modalign.pipeline.discovery import ObjectPath
+
 
 @dataclass(frozen=True)
 class SourceJob:
-    """What the driver hands a worker for one source (no payload: the worker reads the file)."""
+    """What the driver hands a worker for one source (no payload: the worker reads the file,
+    or the object: ``path`` is then an ``ObjectPath``, read with the run's storage config)."""
 
     run_id: str
     session_id: str
     spec: SourceSpec
-    path: Path
+    path: "Path | ObjectPath"
     uri: str
     version: str  # known without reading the source (local: size + mtime; object store: ETag + size)
     tenant: str = "default"
     subjects: tuple[str, ...] = ()  # the session's and the source's own (``Manifest.subjects_of``)
-    reference: tuple[Path, ClockMapping] | None = None  # (file, clock) to estimate/verify against
-    roots: tuple[Path, ...] = ()  # where the path may resolve; the worker checks again before it opens it
+    reference: "tuple[Path | ObjectPath, ClockMapping] | None" = None  # (source, clock) to estimate/verify against
+    roots: "tuple[Path | ObjectPath, ...]" = ()  # where the path may resolve; the worker checks again before it opens it
+    size: int | None = None  # bytes, as the listing said (object storage)
 
 
 @dataclass(frozen=True)

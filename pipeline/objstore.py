@@ -282,6 +282,38 @@ class S3Store:
                 return sorted(keys)
             query["ContinuationToken"] = page["NextContinuationToken"]
 
+    def walk(self, prefix: str) -> list[str]:
+        """Every key under the "folder" ``prefix``, at any depth (``ListObjectsV2`` without a
+        delimiter, every page), sorted, relative to the store."""
+        folder = self.location.key(prefix)
+        query: dict[str, Any] = dict(Bucket=self.bucket, Prefix=f"{folder}/" if folder else "",
+                                     MaxKeys=self.options.page_size)
+        strip = len(self.location.key()) + 1 if self.location.prefix else 0
+        keys: list[str] = []
+        while True:
+            page = self._call("list", prefix, lambda q=dict(query): self.client.list_objects_v2(**q))
+            keys += [obj["Key"][strip:] for obj in page.get("Contents", [])]
+            if not page.get("IsTruncated"):
+                return sorted(keys)
+            query["ContinuationToken"] = page["NextContinuationToken"]
+
+    def list_objects(self, prefix: str = "") -> list[dict]:
+        """Every object whose key starts with ``prefix`` (relative to the store; no delimiter,
+        every ``ListObjectsV2`` page): dicts of ``key`` (relative to the store), ``etag`` (quotes
+        stripped), ``size`` (bytes) and ``modified_at`` (epoch seconds), sorted by key."""
+        full = self.location.key(prefix)
+        query: dict[str, Any] = dict(Bucket=self.bucket, Prefix=full, MaxKeys=self.options.page_size)
+        strip = len(self.location.key()) + 1 if self.location.prefix else 0
+        found: list[dict] = []
+        while True:
+            page = self._call("list", prefix, lambda q=dict(query): self.client.list_objects_v2(**q))
+            for obj in page.get("Contents", []):
+                found.append({"key": obj["Key"][strip:], "etag": str(obj.get("ETag", "")).strip('"'),
+                              "size": int(obj.get("Size", 0)), "modified_at": obj["LastModified"].timestamp()})
+            if not page.get("IsTruncated"):
+                return sorted(found, key=lambda o: o["key"])
+            query["ContinuationToken"] = page["NextContinuationToken"]
+
     def delete(self, key: str) -> None:
         try:
             self._call("delete", key, lambda: self.client.delete_object(Bucket=self.bucket,
@@ -289,6 +321,11 @@ class S3Store:
                        absent=_ABSENT)
         except _Absent:
             pass
+
+    def digest(self, key: str) -> str | None:
+        """None: S3 keeps an MD5-like ETag, not a sha256, and hashing would download the object.
+        Commit records of an S3 OUT carry no digests; an erasure there hashes what it reports."""
+        return None
 
     # -- conditional create --------------------------------------------------------------------
     def _create(self, key: str, data: bytes) -> bool:

@@ -2,7 +2,9 @@
 
 ``sha256_file`` is the hash behind source content hashes in lineage and model digests;
 ``SeekableHashingReader`` computes the same hash of the bytes a decoder (which may seek)
-reads through it, so a source is read once. ``atomic_write`` is how anything we write lands: a temporary file in
+reads through it, so a source is read once (a local file, or any seekable file object such
+as an object-store reader); ``MemoryFile`` holds a source a tool must open by path in
+anonymous memory (Linux ``memfd``: never a file on disk), hashed as it is filled. ``atomic_write`` is how anything we write lands: a temporary file in
 the same folder, fsynced, then renamed over the target, so a reader never sees half a file
 and a crash leaves the old one.
 """
@@ -12,8 +14,9 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 CHUNK_BYTES = 1 << 20
 
@@ -69,11 +72,17 @@ class SeekableHashingReader:
     ``hexdigest()`` reads only what the decoder never reached (a trailing index, a skipped
     tail) to finish it. So a source is read once and its hash equals ``sha256_file``.
 
-    ``reread_bytes`` counts the bytes ``hexdigest()`` had to read itself."""
+    ``reread_bytes`` counts the bytes ``hexdigest()`` had to read itself.
 
-    def __init__(self, path: Path | str) -> None:
-        self.path = Path(path)
-        self._f = open(self.path, "rb")
+    ``opener`` (instead of ``path``): how to open the source (a seekable binary file object),
+    called now and, if the decoder closed it before the hash is finished, once more."""
+
+    def __init__(self, path: Path | str | None = None, *, opener: Callable[[], BinaryIO] | None = None) -> None:
+        if (path is None) == (opener is None):
+            raise TypeError("give a path or an opener")
+        self.path = Path(path) if path is not None else None
+        self._open: Callable[[], BinaryIO] = opener or (lambda: open(self.path, "rb"))  # type: ignore[arg-type]
+        self._f = self._open()
         self._h = hashlib.sha256()
         self._hashed = 0  # bytes [0, _hashed) are in the hash
         self.reread_bytes = 0
@@ -114,7 +123,7 @@ class SeekableHashingReader:
     def hexdigest(self) -> str:
         """sha256 hex of the whole file (reads what the decoder did not, once)."""
         if self._digest is None:
-            with open(self.path, "rb") as f:
+            with self._open() as f:
                 f.seek(self._hashed)
                 while block := f.read(CHUNK_BYTES):
                     self._h.update(block)
@@ -131,6 +140,51 @@ class SeekableHashingReader:
         return self._f.closed
 
     def __enter__(self) -> "SeekableHashingReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class MemoryFile:
+    """A source held in anonymous memory (``os.memfd_create``, Linux), for tools that need a
+    path (poppler): ``path`` is ``/proc/self/fd/N``, readable by this process and by children
+    that inherit the fd (``operators.sandbox.run_limited`` passes it on). Nothing is written
+    to a disk; the memory is freed on ``close()``. ``sha256`` is of the bytes as filled.
+
+    ``fill`` copies ``chunks`` in, refusing more than ``max_bytes`` (``OverflowError``)."""
+
+    def __init__(self, name: str = "modalign-source") -> None:
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        self.size = 0
+        self._h = hashlib.sha256()
+
+    @property
+    def path(self) -> Path:
+        return Path(f"/proc/self/fd/{self.fd}")
+
+    def fill(self, chunks: Iterable[bytes], max_bytes: int) -> "MemoryFile":
+        for block in chunks:
+            if self.size + len(block) > max_bytes:
+                raise OverflowError(f"more than {max_bytes} bytes")
+            view = memoryview(block)
+            while view:
+                n = os.write(self.fd, view)
+                view = view[n:]
+            self._h.update(block)
+            self.size += len(block)
+        os.lseek(self.fd, 0, os.SEEK_SET)
+        return self
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> "MemoryFile":
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -33,9 +33,20 @@ def read_mapping(path: Path) -> dict:
         if size > MAX_FILE_BYTES:
             raise ConfigError(f"{path} is {size} bytes, over the {MAX_FILE_BYTES}-byte limit for a manifest or "
                               "config; list fewer sources per manifest")
-        text = Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    return parse_mapping(data, path)
+
+
+def parse_mapping(raw: bytes, path: Path | str) -> dict:
+    """Parse the bytes of a YAML or JSON document (JSON when ``path`` ends in ``.json``) into a
+    dict, or raise ConfigError naming ``path`` (a file, or an object-store URI)."""
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError(f"{path} is {len(raw)} bytes, over the {MAX_FILE_BYTES}-byte limit for a manifest or "
+                          "config; list fewer sources per manifest")
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"{path} is not UTF-8 text") from None
     try:

@@ -39,10 +39,22 @@ DOCUMENT_MAGIC = {b"%PDF-": "a PDF document", b"PK\x03\x04": "a ZIP archive (or 
                   b"\xd0\xcf\x11\xe0": "an OLE office document", b"{\\rtf": "an RTF document"}
 
 
-def sniff_document(path: Path) -> str | None:
-    """What document ``path`` is by its first bytes (None: not a known document type)."""
-    with open(path, "rb") as f:
-        head = f.read(1024)
+def _head(path: Path | None, reader: Any, n: int) -> bytes:
+    """The first ``n`` bytes of the source: through ``reader`` (its position kept) or from ``path``."""
+    if reader is not None:
+        pos = reader.tell()
+        try:
+            reader.seek(0)
+            return reader.read(n)
+        finally:
+            reader.seek(pos)
+    with open(path, "rb") as f:  # type: ignore[arg-type]
+        return f.read(n)
+
+
+def sniff_document(path: Path | None, reader: Any = None) -> str | None:
+    """What document the source is by its first bytes (None: not a known document type)."""
+    head = _head(path, reader, 1024)
     for magic, what in DOCUMENT_MAGIC.items():
         if head.startswith(magic) or (magic == b"%PDF-" and magic in head):
             return what
@@ -51,16 +63,17 @@ def sniff_document(path: Path) -> str | None:
 
 def open_container(path: Path, uri: str, stage: str, reader: Any = None) -> Any:
     """Open ``path`` with PyAV (reading through ``reader`` when given, a seekable file object
-    over the same file); see the module docstring for the reason codes."""
+    over the same file; ``path`` None: the reader is all there is, e.g. an object-store source);
+    see the module docstring for the reason codes."""
     av = require("av")
 
-    if not path.is_file():
+    if path is not None and not path.is_file():
         raise UnreadableInputError("file not found; check the manifest path", source_uri=uri, stage=stage,
                                    code="file_missing")
-    if path.stat().st_size == 0:
+    if (path.stat().st_size if path is not None else _size(reader)) == 0:
         raise UnreadableInputError("file is empty; re-upload the source", source_uri=uri, stage=stage,
                                    code="file_empty")
-    document = sniff_document(path)
+    document = sniff_document(path, reader)
     if document is not None:
         raise UnsupportedInputError(f"the file is {document}, not audio/video; fix its extension or manifest "
                                     "modality", source_uri=uri, stage=stage, code="wrong_type")
@@ -74,6 +87,14 @@ def open_container(path: Path, uri: str, stage: str, reader: Any = None) -> Any:
         raise UnsupportedInputError("a text file, not audio/video; remove it from the input", source_uri=uri,
                                     stage=stage, code="not_media")
     return container
+
+
+def _size(reader: Any) -> int:
+    pos = reader.tell()
+    try:
+        return reader.seek(0, 2)
+    finally:
+        reader.seek(pos)
 
 
 def declared_span_ns(container: Any, stream: Any) -> tuple[int, int | None]:
@@ -90,13 +111,12 @@ def declared_span_ns(container: Any, stream: Any) -> tuple[int, int | None]:
     return start, None
 
 
-def wav_declared_ns(path: Path) -> int | None:
+def wav_declared_ns(path: Path | None, reader: Any = None) -> int | None:
     """Duration (ns) a RIFF/WAVE header declares for its data chunk, None when not a WAV or
     when the size is a streaming placeholder (0 or 0xFFFFFFFF). FFmpeg clamps a data size
     larger than the file to the file, so this is the only place a lying header shows."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(4096)
+        head = _head(path, reader, 4096)
     except OSError:
         return None
     if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
@@ -141,13 +161,14 @@ def check_truncated(ctx: SourceContext, stage: str, container: Any, stream: Any,
                             code="truncated", end_local_ns=end)
 
 
-def probe_stream(path: Path, kind: str) -> tuple[bool, int | None]:
-    """Whether the container at ``path`` has a ``kind`` stream (``audio | video``), and the local
-    ns where its first one declares it ends (None: unknown). Reads the header only; (False,
-    None) when it cannot be opened (the source operator then reports why)."""
+def probe_stream(path: Path | Any, kind: str) -> tuple[bool, int | None]:
+    """Whether the container at ``path`` (or in a seekable file object, which is closed after)
+    has a ``kind`` stream (``audio | video``), and the local ns where its first one declares it
+    ends (None: unknown). Reads the header only; (False, None) when it cannot be opened (the
+    source operator then reports why)."""
     av = require("av")
     try:
-        with av.open(str(path)) as container:
+        with av.open(str(path) if isinstance(path, (str, Path)) else path) as container:
             streams = getattr(container.streams, kind)
             return (True, declared_span_ns(container, streams[0])[1]) if streams else (False, None)
     except (av.error.FFmpegError, OSError):

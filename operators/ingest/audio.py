@@ -204,7 +204,7 @@ class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
                 raise LimitExceededError(f"stream lasts {(end - start) / NS_PER_S:.0f} s, over max_duration_s="
                                          f"{cfg.max_duration_s:.0f}; split the source or raise the limit",
                                          source_uri=ctx.uri, stage=self.kind, code="duration_exceeded")
-            header_end = wav_declared_ns(ctx.path)  # FFmpeg hides a lying WAV size; see _av
+            header_end = wav_declared_ns(ctx.path, ctx.reader)  # FFmpeg hides a lying WAV size; see _av
             if header_end is not None:
                 header_end += start
             pcm = PcmStream(container, stream, cfg.sample_rate_hz)
@@ -290,28 +290,30 @@ class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
         }, schema=audio_mfcc_schema(self.config.n_mfcc))
 
 
-def decode_audio(path: str | Path, sample_rate_hz: int = 16000, *,
-                 max_duration_s: float = 4 * 3600) -> tuple[np.ndarray, int]:
+def decode_audio(path: str | Path | None, sample_rate_hz: int = 16000, *, max_duration_s: float = 4 * 3600,
+                 reader: Any = None, uri: str | None = None) -> tuple[np.ndarray, int]:
     """Whole first audio stream as mono float32 at ``sample_rate_hz`` and the local ns of its
-    first sample. For in-process use (clock-offset estimation) only: never store the result."""
+    first sample. For in-process use (clock-offset estimation) only: never store the result.
+    ``reader``: a seekable file object to decode instead of ``path`` (closed after)."""
     import av
 
-    path, stage = Path(path), "decode_audio"
-    container = open_container(path, str(path), stage=stage)
+    path, stage = (Path(path) if path is not None else None), "decode_audio"
+    uri = uri or str(path)
+    container = open_container(path, uri, stage=stage, reader=reader)
     with container:
         if not container.streams.audio:
-            raise UnsupportedInputError("no audio stream", source_uri=str(path), stage=stage, code="no_audio_stream")
+            raise UnsupportedInputError("no audio stream", source_uri=uri, stage=stage, code="no_audio_stream")
         pcm = PcmStream(container, container.streams.audio[0], sample_rate_hz)
         parts = []
         try:
             for x in pcm:
                 parts.append(x)
                 if pcm.produced > max_duration_s * sample_rate_hz:
-                    raise LimitExceededError(f"longer than max_duration_s={max_duration_s:.0f}", source_uri=str(path),
+                    raise LimitExceededError(f"longer than max_duration_s={max_duration_s:.0f}", source_uri=uri,
                                              stage=stage, code="duration_exceeded")
         except av.error.FFmpegError as e:
-            raise UnreadableInputError(f"decoding failed ({type(e).__name__})", source_uri=str(path),
+            raise UnreadableInputError(f"decoding failed ({type(e).__name__})", source_uri=uri,
                                        stage=stage, code="decode_failed") from None
     if not parts:
-        raise UnreadableInputError("no audio could be decoded", source_uri=str(path), stage=stage)
+        raise UnreadableInputError("no audio could be decoded", source_uri=uri, stage=stage)
     return np.concatenate(parts), int(pcm.start_ns)
