@@ -24,7 +24,7 @@ import secrets
 from pathlib import Path
 from typing import Protocol
 
-from modalign.schemas.files import atomic_write, fsync_dir
+from modalign.schemas.files import atomic_write, fsync_dir, sha256_file
 
 
 class Store(Protocol):
@@ -50,6 +50,10 @@ class Store(Protocol):
     def list(self, prefix: str) -> list[str]: ...
 
     def delete(self, key: str) -> None: ...
+
+    def digest(self, key: str) -> str | None:
+        """``sha256:<hex>`` of ``key``'s bytes (None: absent, or the store cannot tell without a download)."""
+        ...
 
 
 class LocalStore:
@@ -102,6 +106,12 @@ class LocalStore:
 
     def delete(self, key: str) -> None:
         self.path(key).unlink(missing_ok=True)
+
+    def digest(self, key: str) -> str | None:
+        try:
+            return "sha256:" + sha256_file(self.path(key))
+        except FileNotFoundError:
+            return None
 
 
 class Sequence:

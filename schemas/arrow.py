@@ -105,3 +105,15 @@ def rows_to_table(model: type[BaseModel], rows: list[dict[str, Any]]) -> pa.Tabl
 
 def empty_table(model: type[BaseModel]) -> pa.Table:
     return arrow_schema(model).empty_table()
+
+
+def bool_mask(values: Any) -> pa.BooleanArray:
+    """A boolean Arrow array of ``values`` (a sequence of bools), built from its bits.
+
+    ``pa.array`` would do, but its first call loads pyarrow's pandas shim, which imports pandas
+    (0.4-0.6 s) in a process that never uses it; ``modalign lineage erase`` is a command whose
+    latency is a target."""
+    import numpy as np
+
+    bits = np.asarray(values, dtype=bool)
+    return pa.Array.from_buffers(pa.bool_(), len(bits), [None, pa.py_buffer(np.packbits(bits, bitorder="little"))])

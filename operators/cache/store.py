@@ -50,6 +50,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from modalign.operators.cache.keys import GRANULARITIES
+from modalign.schemas.arrow import bool_mask
 from modalign.schemas.files import atomic_write
 
 SEGMENT_GLOB = "cache-*.parquet"
@@ -306,13 +307,13 @@ class FeatureCache:
             if self.path is not None:
                 for seg in self._segments():
                     keys = _read_segment(seg, columns=["cache_key"]).column("cache_key").to_pylist()
-                    keep = [i for i, k in enumerate(keys) if not doomed(k)]
-                    if len(keep) == len(keys):
+                    keep = [not doomed(k) for k in keys]
+                    if all(keep):
                         continue  # read no vector of a segment that stays as it is
-                    removed.update(k for k in keys if doomed(k))
+                    removed.update(k for k, kept in zip(keys, keep) if not kept)
                     table = _read_segment(seg)
-                    if keep:
-                        _atomic_write(_new_segment_path(seg.parent), table.take(pa.array(keep, type=pa.int64())))
+                    if any(keep):
+                        _atomic_write(_new_segment_path(seg.parent), table.filter(bool_mask(keep)))
                     seg.unlink()
                 self.refresh()
             return len(removed)

@@ -51,6 +51,25 @@ def test_a_commit_replaces_its_sessions_and_carries_the_others(tmp_path):
     assert log.latest() == v2
 
 
+def test_a_commit_records_the_sha256_of_its_new_files_and_carries_the_parents(tmp_path):
+    import hashlib
+
+    for name, data in (("records/a/r1.parquet", b"a1"), ("records/b/r1.parquet", b"b1"), ("records/a/r2.parquet", b"a2")):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    log = CommitLog.of(tmp_path)
+    v1 = log.commit(None, run_id="r1", sessions={"a": {"run_id": "r1", "files": ["records/a/r1.parquet"]},
+                                                 "b": {"run_id": "r1", "files": ["records/b/r1.parquet"]}},
+                    shared=[], summary={})
+    sha = {n: "sha256:" + hashlib.sha256(d).hexdigest() for n, d in
+           (("records/a/r1.parquet", b"a1"), ("records/b/r1.parquet", b"b1"), ("records/a/r2.parquet", b"a2"))}
+    assert v1.digests == {k: sha[k] for k in ("records/a/r1.parquet", "records/b/r1.parquet")}
+    (tmp_path / "records/b/r1.parquet").write_bytes(b"changed after its commit")  # carried: not re-read
+    v2 = log.commit(v1, run_id="r2", sessions={"a": {"run_id": "r2", "files": ["records/a/r2.parquet"]}},
+                    shared=[], summary={})
+    assert log.latest().digests == v2.digests == {k: sha[k] for k in ("records/a/r2.parquet", "records/b/r1.parquet")}
+
+
 def test_only_the_last_records_are_kept(tmp_path):
     log = CommitLog.of(tmp_path)
     snap = None
