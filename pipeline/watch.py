@@ -45,14 +45,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from modalign.pipeline.layout import check_writable, write_json
+from modalign.pipeline.layout import OutputLayout
 from modalign.pipeline.lease import Lease
-from modalign.pipeline.listing import Candidate, Entry, Found, Listing, LocalListing, SourceVersion
+from modalign.pipeline.listing import Candidate, Entry, Found, Listing, LocalListing, S3Listing, SourceVersion
 from modalign.pipeline.metrics import Metrics
+from modalign.pipeline.objstore import Location
 from modalign.pipeline.runner import EXIT_FAILED, EXIT_OK, EXIT_QUARANTINED, Runner, init_ray
-from modalign.pipeline.store import LocalStore
 from modalign.schemas.config import RunConfig
-from modalign.schemas.errors import ConfigError, ModalignError, OutputLockedError
+from modalign.schemas.errors import ConfigError, ModalignError, OutputLockedError, QuarantineReason
 
 log = logging.getLogger("modalign")
 
@@ -63,13 +63,14 @@ RECENT = 200  # commits of sessions kept in the status file
 Version = frozenset[SourceVersion]
 
 
-def committed_versions(out: Path) -> dict[str, Version]:
+def committed_versions(out: Path | str, storage: Any = None) -> dict[str, Version]:
     """Session id -> the (source URI, source version) pairs OUT's latest commit holds for it,
-    from its lineage and quarantine rows (a source refused before reading has only the latter)."""
+    from its lineage and quarantine rows (a source refused before reading has only the latter).
+    OUT is a folder or ``s3://bucket/prefix`` (``storage``: the config's endpoint and retries)."""
     from modalign.pipeline.outputs import Output
 
     try:
-        output = Output(out)
+        output = Output(out, storage)
     except ConfigError:  # no commit yet (or no folder)
         return {}
     pairs: dict[str, set[SourceVersion]] = defaultdict(set)
@@ -77,7 +78,18 @@ def committed_versions(out: Path) -> dict[str, Version]:
         t = output.table(name).to_table(columns=["session_id", "source_uri", "source_version"])
         for sid, uri, version in zip(*(t.column(c).to_pylist() for c in t.column_names)):
             pairs[sid].add((uri, version))
-    return {sid: frozenset(p) for sid, p in pairs.items()}
+    return {sid: frozenset(p) for sid, p in pairs.items() if sid not in cut_short(output)}
+
+
+def cut_short(output: Any) -> set[str]:
+    """Sessions whose commit holds a source cut short by a dying worker (a ``worker_failed``
+    row): the input was fine, the machine was not, so the watch redoes them (at most
+    ``MAX_ATTEMPTS`` times per version; then the partial commit stays, reported)."""
+    import pyarrow.compute as pc
+
+    t = output.table("quarantine").to_table(columns=["session_id", "reason_code"])
+    hit = t.filter(pc.equal(t.column("reason_code"), QuarantineReason.WORKER_FAILED.value))
+    return set(hit.column("session_id").to_pylist())
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -106,7 +118,9 @@ class Watch:
                               f"--max-in-flight >= 1 (got {max_in_flight})")
         self.config = config
         self.listing = listing
-        self.out = Path(out).absolute()
+        layout = OutputLayout.of(out, config.storage)  # a folder or s3://bucket/prefix
+        self.out: Path | str = layout.uri if layout.is_s3 else Path(layout.root).absolute()
+        self.layout = layout if layout.is_s3 else OutputLayout(self.out)
         self.interval_s, self.settle_s, self.max_in_flight, self.once = interval_s, settle_s, max_in_flight, once
         self.progress = progress or (lambda msg: log.info(msg))
         self.report_every_s = report_every_s
@@ -159,17 +173,17 @@ class Watch:
     def run(self, handle_signals: bool = False) -> dict:
         """Watch until stopped; returns the final status (``exit_code`` in it)."""
         Runner(self.config, self.out, self.progress)  # ConfigError (a key store inside OUT) before work
-        check_writable(self.out, self.config.runtime.min_free_mb * 2**20)
+        self.layout.check_writable(self.config.runtime.min_free_mb * 2**20)
         saved = {}
         if handle_signals:
             saved = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         self._handle_signals = handle_signals
         try:
-            with Lease(LocalStore(self.out), self.watch_id, ttl_s=self.config.runtime.lease_ttl_s,
+            with Lease(self.layout.store, self.watch_id, ttl_s=self.config.runtime.lease_ttl_s,
                        on_lost=self._lease_lost, writer="watch") as lease:
                 if lease.took_over is not None:
                     self.progress(f"took over the lease of OUT from {lease.took_over.holder}, which stopped")
-                self.committed = committed_versions(self.out)
+                self.committed = committed_versions(self.out, self.config.storage)
                 self.progress(f"watch {self.watch_id[:8]}: {self.listing.root} -> {self.out}, every "
                               f"{self.interval_s:g} s, settle {self.settle_s:g} s, at most {self.max_in_flight} "
                               f"session(s) in flight; {len(self.committed)} session(s) committed")
@@ -312,7 +326,7 @@ class Watch:
             self.busy_s += time.monotonic() - t
             self.metrics.batch_seconds.observe(time.monotonic() - t)
         committed_at = time.time()
-        self.committed = committed_versions(self.out)
+        self.committed = committed_versions(self.out, self.config.storage)
         version = runner.committed.version if runner.committed else None
         self.totals["batches"] += 1
         self.recorded_s += summary["counts"]["ticks"] / self.config.align.tick_hz
@@ -322,7 +336,10 @@ class Watch:
             self.view["ready"] -= len(batch)
             self.view["committed"] += sum(self.committed.get(c.session_id) == c.version for c, _ in batch)
         for c, ready_at in batch:
-            self.failures.pop((c.session_id, c.version), None)
+            if c.session_id in self.committed:
+                self.failures.pop((c.session_id, c.version), None)
+            elif not self._cut_short(c):  # redone: not committed yet
+                continue
             lag = committed_at - ready_at
             self.lags.append(lag)
             self.metrics.lag.observe(lag)
@@ -337,6 +354,19 @@ class Watch:
                       f"(lag {', '.join(f'{committed_at - r:.1f} s' for _, r in batch)}); " + self._figures_text())
         self._last_report = time.monotonic()
         return True
+
+    def _cut_short(self, c: Candidate) -> bool:
+        """After a commit that left ``c`` cut short by a dying worker: count an attempt; True
+        when it was its last (the partial commit stays; the watch does not redo it)."""
+        key = (c.session_id, c.version)
+        attempts = self.failures.get(key, (0, ""))[0] + 1
+        last = attempts >= MAX_ATTEMPTS
+        message = "an ingest worker died while processing it (worker_failed)"
+        self.failures[key] = (attempts, message)
+        self.progress(f"watch: session {c.session_id} was cut short by a dying worker (attempt {attempts} of "
+                      f"{MAX_ATTEMPTS}); " + ("its partial commit stays: see its quarantine rows" if last
+                                              else "it is redone"))
+        return last
 
     # -- figures -----------------------------------------------------------------------
     def figures(self) -> dict:
@@ -394,26 +424,47 @@ class Watch:
         }
 
     def _write_status(self, state: str) -> None:
+        path = self.layout.path(STATUS_FILE)
         try:
-            write_json(self.out / STATUS_FILE, self.status(state))
-        except OSError as exc:  # a status file must never stop the watch
-            log.warning("could not write %s: %s", self.out / STATUS_FILE, exc)
+            self.layout.write_json(path, self.status(state))
+        except (OSError, ModalignError) as exc:  # a status file must never stop the watch (S3: EnvironmentFaultError)
+            log.warning("could not write %s: %s", self.layout.uri_of(path), exc)
 
 
 def watch(input_path: str | os.PathLike, out: str | os.PathLike, config: Any = None, **options: Any) -> dict:
-    """``modalign watch`` over a local folder (see ``Watch``); returns the final status."""
+    """``modalign watch`` over a local folder or ``s3://bucket/prefix`` (see ``Watch``); returns the final status."""
     from modalign.pipeline.runner import resolve_config
 
-    return Watch(resolve_config(config), local_listing(Path(input_path), Path(out)), Path(out), **options).run()
+    cfg = resolve_config(config)
+    out = out if isinstance(out, str) else Path(out)  # a folder, or s3://bucket/prefix
+    return Watch(cfg, listing_for(input_path, out, cfg), out, **options).run()
 
 
-def local_listing(input_path: Path, out: Path) -> LocalListing:
+def listing_for(input_path: str | os.PathLike, out: Path | str, config: RunConfig) -> Listing:
+    """The listing a watch polls: ``S3Listing`` for ``s3://bucket/prefix`` (the config's
+    ``storage`` endpoint and retries), else ``local_listing``."""
+    from modalign.pipeline.objstore import S3Options
+
+    location = Location.parse(input_path if isinstance(input_path, str) else Path(input_path))
+    if not location.is_s3:
+        return local_listing(Path(input_path), out)
+    out_location = Location.parse(out if isinstance(out, str) else Path(out))
+    if out_location.is_s3 and out_location.bucket == location.bucket and (
+            not location.prefix or out_location.prefix == location.prefix
+            or out_location.prefix.startswith(location.prefix + "/")):
+        raise ConfigError(f"watch: OUT {out_location.uri} is inside the watched prefix {location.uri}; the watch "
+                          "would read its own outputs: put OUT elsewhere")
+    return S3Listing(location, S3Options.from_config(config.storage))
+
+
+def local_listing(input_path: Path, out: Path | str) -> LocalListing:
     """The listing of a local INPUT folder; ConfigError for anything else."""
     input_path = Path(input_path).absolute()
     if not input_path.is_dir():
         raise ConfigError(f"watch: input {input_path} is not a folder (watch a folder; `modalign run` takes a "
                           "manifest or a file)")
-    if Path(out).absolute().resolve().is_relative_to(input_path.resolve()):
+    if not Location.parse(out if isinstance(out, str) else Path(out)).is_s3 and \
+            Path(out).absolute().resolve().is_relative_to(input_path.resolve()):
         raise ConfigError(f"watch: the output folder {out} is inside the watched folder {input_path}; "
                           "the watch would read its own outputs: put OUT elsewhere")
     return LocalListing(input_path)

@@ -117,3 +117,28 @@ def test_watch_refuses_a_file_or_an_out_inside_its_input(folder, tmp_path):
         local_listing(folder / "lone.wav", tmp_path / "out")
     with pytest.raises(ConfigError, match="inside the watched folder"):
         local_listing(folder, folder / "out")
+
+
+def test_a_session_cut_short_by_a_dying_worker_is_pending_again(tmp_path):
+    """A committed ``worker_failed`` row means the machine failed, not the input: the watch redoes
+    the session (``committed_versions`` leaves it out); its other sessions stay committed."""
+    from modalign.pipeline.commits import CommitLog
+    from modalign.pipeline.layout import OutputLayout, write_table
+    from modalign.pipeline.watch import committed_versions
+    from modalign.schemas.arrow import rows_to_table
+    from modalign.schemas.tables import QuarantineRow, SourceLineageRow
+
+    layout, sessions = OutputLayout(tmp_path), {}
+    for sid, status in (("whole", "ingested"), ("cut", "partial")):
+        lineage = SourceLineageRow(run_id="r" * 32, session_id=sid, source_id="mic", source_uri=f"file:///in/{sid}.wav",
+                                   source_version="local:10:1", modality="audio", status=status, events=3,
+                                   operators="", policy="p", deid=[], subjects=[])
+        files = [write_table(layout.lineage_sources(sid, "a" * 12), rows_to_table(SourceLineageRow, [lineage.model_dump()]))]
+        if status == "partial":
+            row = QuarantineRow(session_id=sid, source_id="mic", source_uri=lineage.source_uri,
+                                source_version=lineage.source_version, stage="ingest/audio",
+                                reason_code="worker_failed", message="ingest worker died", start_t_ns=5)
+            files.append(write_table(layout.quarantine(sid, "a" * 12), rows_to_table(QuarantineRow, [row.model_dump()])))
+        sessions[sid] = {"run_id": "r" * 32, "files": [layout.relative(f) for f in files]}
+    CommitLog.of(tmp_path).commit(None, run_id="r" * 32, sessions=sessions, shared=[], summary={})
+    assert committed_versions(tmp_path) == {"whole": frozenset({("file:///in/whole.wav", "local:10:1")})}
