@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from modalign.pipeline.layout import OutputLayout
-from modalign.pipeline.outputs import Output
+from modalign.pipeline.outputs import Output, refuse_s3
 from modalign.schemas.errors import ConfigError
 
 GRANULARITIES = ("frame", "roi", "patch")
@@ -72,8 +72,9 @@ def _kept(catalog: Any, referenced: set[str]) -> set[str]:
     return (set(keys) & referenced) | {p for k, p in zip(keys, parents) if p and k in referenced}
 
 
-def cache_stats(out: Path) -> dict:
+def cache_stats(out: Path | str) -> dict:
     """Entries per granularity and model, bytes on disk, what ``gc`` would drop, last run's hit rate."""
+    refuse_s3(out, "modalign cache stats", "a run into object storage keeps no feature cache (in memory for the run only)")
     out = Path(out)
     cache = _cache(out)
     layout = OutputLayout(out)
@@ -124,12 +125,13 @@ def _last_run(out: Path) -> dict | None:
     return {"run_id": summary.get("run_id"), "finished_at": summary.get("finished_at"), **cache}
 
 
-def cache_gc(out: Path, *, dry_run: bool = False) -> dict:
+def cache_gc(out: Path | str, *, dry_run: bool = False) -> dict:
     """Drop cache entries no feature row references (nor derives from); returns what was removed.
 
     Refuses (``ConfigError``) when ``OUT`` has no feature files but a non-empty cache: that
     is far more likely a wrong path or an interrupted run than a wish to empty the cache.
     """
+    refuse_s3(out, "modalign cache gc", "a run into object storage keeps no feature cache (in memory for the run only)")
     from modalign.pipeline.lease import Lease
     from modalign.pipeline.store import LocalStore
 

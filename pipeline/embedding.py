@@ -1,7 +1,9 @@
 """The embedding stage body: de-identified payload -> feature rows + cache entries.
 
 Wrapped by ``modalign.pipeline.actors.EmbedActor``; Ray-free so tests run it in-process. One
-feature cache per actor, persisted under ``OUT/cache`` so a re-run finds its features.
+feature cache per actor, persisted under ``OUT/cache`` so a re-run finds its features. On an
+s3:// OUT the cache lives in the actor's memory only (``OutputLayout.cache_dir`` is None): it
+still saves repeated content within a run, and a re-run recomputes its features.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from modalign.pipeline.layout import OutputLayout, with_lineage, write_table
+from modalign.pipeline.layout import OutputLayout, with_lineage
 from modalign.schemas.config import RunConfig
 from modalign.schemas.tables import FeatureRow
 
@@ -27,11 +29,11 @@ def with_user_boxes(table: pa.Table, boxes: list[tuple[int, int, int, int]]) -> 
 
 
 class Embedder:
-    def __init__(self, config: RunConfig, out_root: Path, attempt: str) -> None:
+    def __init__(self, config: RunConfig, out_root: Path | str, attempt: str) -> None:
         from modalign.operators.cache.store import FeatureCache
 
         self.config = config
-        self.layout = OutputLayout(Path(out_root))
+        self.layout = OutputLayout.of(out_root, config.storage)  # a folder or s3://bucket/prefix
         self.attempt = attempt  # in every feature file name (``layout.attempt_of``)
         self.cache = FeatureCache(self.layout.cache_dir)
         self._ops: dict[str, Any] = {}
@@ -64,7 +66,8 @@ class Embedder:
             out = with_lineage(sub.drop_columns(["model_id"]), lin, FeatureRow.schema())
             path = self.layout.features(model_id, gran, lineage["session_id"], lineage["source_id"], self.attempt,
                                         part)
-            files.append(self.layout.relative(write_table(path, out)))
+            self.layout.write_table(path, out)  # sub has rows: always a file
+            files.append(self.layout.relative(path))
             counts[gran] = sub.num_rows
         return {"rows": feats.num_rows, "model_id": model_id, "granularities": counts, "files": files,
                 "modality": modality, "seconds": time.perf_counter() - started}

@@ -1,45 +1,51 @@
-"""``modalign inspect OUT``: a human summary of an output folder's latest commit, read with DuckDB."""
+"""``modalign inspect OUT``: a human summary of an output folder's latest commit, read with DuckDB.
+
+DuckDB scans the committed files as the pyarrow datasets ``modalign.open`` gives (registered
+as views), so an s3:// OUT reads the same way through pyarrow's S3 filesystem (DuckDB's own
+httpfs extension is not needed)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from os import PathLike
+from typing import Any
 
 from modalign.pipeline.outputs import Output
 
 
-def _files(output: Output, table: str) -> str | None:
-    """DuckDB list of the committed Parquet files of ``table``, or None when it has none."""
-    files = output.files(table)
-    quoted = ("'" + str(f).replace("'", "''") + "'" for f in files)
-    return "[" + ", ".join(quoted) + "]" if files else None
+def _files(output: Output, table: str, con: Any) -> str | None:
+    """The name of a DuckDB view over the committed files of ``table``, or None when it has none."""
+    if not output.files(table):
+        return None
+    con.register(table, output.table(table))
+    return table
 
 
-def collect(out: Path) -> dict:
-    """Counts, residual stats per source, alarms and quarantine of an output folder."""
+def collect(out: str | PathLike, storage: Any = None) -> dict:
+    """Counts, residual stats per source, alarms and quarantine of an output folder (or s3:// prefix)."""
     import duckdb
 
-    output = Output(out)  # ConfigError: not an output folder, or nothing committed
+    output = Output(out, storage)  # ConfigError: not an output folder, or nothing committed
     con = duckdb.connect()
     info: dict = {"run": output.run, "version": output.version, "residuals": [], "alarms": [], "quarantine": [],
                   "tables": {}}
-    summary = _files(output, "ctal_summary")
+    summary = _files(output, "ctal_summary", con)
     if summary:
         info["residuals"] = con.sql(
             f"SELECT session_id, source_id, modality, ticks, matched, gaps, residual_p50_ms, residual_p95_ms, "
-            f"residual_max_ms, offset_ns, offset_method FROM read_parquet({summary}) ORDER BY 1, 2"
+            f"residual_max_ms, offset_ns, offset_method FROM {summary} ORDER BY 1, 2"
         ).to_arrow_table().to_pylist()
-    alarms = _files(output, "drift_alarms")
+    alarms = _files(output, "drift_alarms", con)
     if alarms:
-        info["alarms"] = con.sql(f"SELECT * FROM read_parquet({alarms}) ORDER BY session_id, start_tick") \
+        info["alarms"] = con.sql(f"SELECT * FROM {alarms} ORDER BY session_id, start_tick") \
             .to_arrow_table().to_pylist()
-    q = _files(output, "quarantine")
+    q = _files(output, "quarantine", con)
     if q:
         info["quarantine"] = con.sql(
-            f"SELECT session_id, source_uri, stage, reason_code, message FROM read_parquet({q}) ORDER BY 1, 2"
+            f"SELECT session_id, source_uri, stage, reason_code, message FROM {q} ORDER BY 1, 2"
         ).to_arrow_table().to_pylist()
     for name in ("records", "events_video", "events_audio", "events_pdf", "ctal", "features"):
-        g = _files(output, name)
-        info["tables"][name] = con.sql(f"SELECT count(*) FROM read_parquet({g})").fetchall()[0][0] if g else 0
+        g = _files(output, name, con)
+        info["tables"][name] = con.sql(f"SELECT count(*) FROM {g}").fetchall()[0][0] if g else 0
     return info
 
 

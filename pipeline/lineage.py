@@ -98,6 +98,13 @@ def parse_id(text: str, out: str | PathLike) -> TraceId:
         return TraceId("tick", raw, session_id=m["session"], tick=int(m["tick"]))
     if m := _EVENT_RE.fullmatch(raw):
         return TraceId("event", raw, session_id=m["session"], source_id=m["source"])
+    uri = str(out).rstrip("/") + "/"
+    if uri.startswith("s3://"):  # an object of an s3:// OUT, by its URI or relative to OUT
+        raw = raw[len(uri):] if raw.startswith(uri) else raw
+        rel = posixpath.normpath(raw)
+        if rel == ".." or rel.startswith(("../", "/", "s3:")) or rel == ".":
+            raise ConfigError(f"{raw!r} is not inside the output prefix {out}; give {ID_SYNTAX}")
+        return TraceId("file", raw, path=rel)
     root = Path(out).absolute()
     p = Path(raw)
     if p.is_absolute():
@@ -132,6 +139,8 @@ class LineageStore:
         self.output = Output(out)  # ConfigError: not an output folder, or nothing committed
         self.snapshot = self.output.snapshot
         self.root = self.output.root
+        self.layout = self.output.layout  # a folder, or an s3:// prefix read through pyarrow (no httpfs)
+        self._arrow: dict[str, Any] = {}  # name -> Arrow table registered with DuckDB (s3:// OUT only)
         self.session_of: dict[str, str] = {f: sid for sid, s in self.snapshot.sessions.items() for f in s["files"]}
         self.con = duckdb.connect(":memory:")
         self._views: set[str] = set()
@@ -176,9 +185,31 @@ class LineageStore:
             cols = ", ".join(f"NULL::{_duck_type(f.type)} AS \"{f.name}\"" for f in TABLES[table].schema())
             return f"SELECT {cols}, NULL::VARCHAR AS filename LIMIT 0"
         base = str(self.root).rstrip("/") + "/"
-        union = ", union_by_name = true" if sessions is not None and len(files) <= UNION_FILES else ""
-        return (f"SELECT * REPLACE (substr(filename, {len(base) + 1}) AS filename) FROM read_parquet("
-                f"{sql_list(str(self.root / f) for f in files)}{union}, filename = true)")
+        union = sessions is not None and len(files) <= UNION_FILES
+        return (f"SELECT * REPLACE (substr(filename, {len(base) + 1}) AS filename) FROM "
+                f"{self.parquet(files, table, union=union, filename=True)}")
+
+    def parquet(self, files: list[str], table: str | None = None, *, union: bool = False,
+                filename: bool = False) -> str:
+        """A SQL relation over Parquet ``files`` (relative to OUT), with their path in ``filename``
+        when asked. DuckDB reads a folder's files itself; on an s3:// OUT they are read through
+        pyarrow's S3 filesystem (with ``table``'s declared schema, so older files lacking an
+        optional column read it as NULL) and registered with DuckDB as an Arrow table."""
+        if not self.layout.is_s3:
+            opts = (", union_by_name = true" if union else "") + (", filename = true" if filename else "")
+            return f"read_parquet({sql_list(str(self.root / f) for f in files)}{opts})"
+        import pyarrow.dataset as ds
+
+        d = ds.dataset([str(self.layout.path(f)) for f in files], format="parquet", filesystem=self.layout.fs,
+                       schema=TABLES[table].schema() if table else None)
+        names = d.schema.names
+        t = d.to_table(columns=names + (["__filename"] if filename else []))
+        if filename:
+            t = t.rename_columns(names + ["filename"])
+        name = f"s3_files_{len(self._arrow)}"
+        self._arrow[name] = t
+        self.con.register(name, t)
+        return name
 
     def query(self, sql: str, params: list | None = None) -> list[dict]:
         rel = self.con.execute(sql, params or [])
@@ -258,7 +289,7 @@ class LineageStore:
             self._add_policy(self.snapshot.summary, self.snapshot.version)
         if tag not in self._policies and not getattr(self, "_scanned", False):
             self._scanned = True
-            log = CommitLog.of(self.root)
+            log = CommitLog(self.layout.store)
             for v in reversed(log.versions()):
                 data = log.store.get(log.records.key(v))
                 if data is not None:
@@ -296,7 +327,13 @@ class LineageStore:
             prefix = f"{INDEX}/{model}__{gran}-"
             path = next((f for f in self.snapshot.shared if f.startswith(prefix)), None)
             if path is not None:
-                index = faiss.read_index(str(self.root / path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+                if self.layout.is_s3:  # an object: read whole (no memory map)
+                    import numpy as np
+
+                    data = self.layout.read_bytes(self.layout.path(path)) or b""
+                    index = faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8))
+                else:
+                    index = faiss.read_index(str(self.root / path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
                 if not (faiss.vector_to_array(index.id_map) == feature_id).any():
                     continue
             keep += files
@@ -359,7 +396,7 @@ def trace(out: str | PathLike, text: str) -> dict:
         fn = {"event": _trace_event, "feature": _trace_feature, "tick": _trace_tick, "file": _trace_file}[tid.kind]
         target, pairs = fn(store, tid)
         detail = len({s for s, _ in pairs}) <= 1
-        return {"id": tid.text, "kind": tid.kind, "out": str(store.root), "commit": store.snapshot.version,
+        return {"id": tid.text, "kind": tid.kind, "out": store.layout.uri, "commit": store.snapshot.version,
                 "target": target, "origins": store.origins(pairs, detail=detail)}
 
 
@@ -447,26 +484,26 @@ def _trace_file(store: LineageStore, tid: TraceId) -> tuple[dict, set]:
         prefix = f"features/{model_dir}/{gran}/"
         files = [f for f in store.files("features") if f.startswith(prefix)]
         pairs_rows = store.query(
-            f"SELECT session_id, source_id, count(*) AS n FROM read_parquet("
-            f"{sql_list(str(store.root / f) for f in files)}) GROUP BY ALL") if files else []
+            f"SELECT session_id, source_id, count(*) AS n FROM {store.parquet(files, 'features')} "
+            "GROUP BY ALL") if files else []
         target = {"file": {"path": rel, "table": "index", "model": model_dir, "granularity": gran,
                            "vectors": sum(r["n"] for r in pairs_rows), "sessions": len({r["session_id"] for r in pairs_rows})}}
         return target, {(r["session_id"], r["source_id"]) for r in pairs_rows}
     sid = store.session_of[rel]
     if rel.startswith(CTAL_JSONL + "/"):
-        lines = sum(1 for _ in open(store.root / rel, encoding="utf-8"))
+        lines = (store.layout.read_bytes(store.layout.path(rel)) or b"").count(b"\n")
         srcs = store.query(f"SELECT DISTINCT source_id FROM ({store.source('lineage_sources', [sid])})")
         return ({"file": {"path": rel, "table": "ctal_jsonl", "session_id": sid, "rows": lines}},
                 {(sid, r["source_id"]) for r in srcs})
     table = next(name for name, row in TABLES.items() if rel.startswith(row.PATH + "/"))
     cols = {f.name for f in TABLES[table].schema()}
-    path_sql = sql_list([str(store.root / rel)])
+    path_sql = store.parquet([rel], table)
     if "source_id" in cols:
-        srcs = store.query(f"SELECT source_id, count(*) AS n FROM read_parquet({path_sql}) GROUP BY ALL")
+        srcs = store.query(f"SELECT source_id, count(*) AS n FROM {path_sql} GROUP BY ALL")
         pairs = {(sid, r["source_id"]) for r in srcs if r["source_id"] is not None}
         n = sum(r["n"] for r in srcs)
     else:  # session-wide tables (CTAL log, drift alarms): every source of the session
-        n = store.query(f"SELECT count(*) AS n FROM read_parquet({path_sql})")[0]["n"]
+        n = store.query(f"SELECT count(*) AS n FROM {path_sql}")[0]["n"]
         pairs = {(sid, r["source_id"]) for r in store.query(
             f"SELECT DISTINCT source_id FROM ({store.source('lineage_sources', [sid])})")}
     return {"file": {"path": rel, "table": table, "session_id": sid, "rows": n}}, pairs
@@ -514,7 +551,7 @@ def subject_mentions(store: LineageStore, subject: str, registry: str | PathLike
     path = registry_path(registry, key_store)
     if registry is None and not path.is_file():
         return None
-    entry = load_registry(path, out=store.root).entry(subject)
+    entry = load_registry(path, out=None if store.layout.is_s3 else store.root).entry(subject)
     return mentions(store, subject_pseudonyms(entry, key_store)) if entry is not None else []
 
 
@@ -531,7 +568,7 @@ def report_of(store: LineageStore, pairs: set[tuple[str, str]]) -> dict:
     sessions = sorted({s for s, _ in pairs})
     keys = [f"{s}\x1f{src}" for s, src in sorted(pairs)]
     cond = "session_id || chr(31) || source_id IN (SELECT unnest(?))"
-    report: dict[str, Any] = {"out": str(store.root), "commit": store.snapshot.version,
+    report: dict[str, Any] = {"out": store.layout.uri, "commit": store.snapshot.version,
                               "committed_at": store.snapshot.committed_at,
                               "sessions": sessions, "sources": store.origins(pairs) if pairs else []}
     events = []
@@ -589,7 +626,7 @@ def _cache_entries(store: LineageStore, features: list[dict]) -> list[dict]:
         named.setdefault(f["cache_key"], {"cache_key": f["cache_key"], "granularity": f["granularity"],
                                           "model_id": f["model_id"], "parent_key": None, "segment": None})
     cache_dir = store.output.layout.cache_dir
-    segments = sorted(cache_dir.glob(SEGMENT_GLOB)) if cache_dir.is_dir() and named else []
+    segments = sorted(cache_dir.glob(SEGMENT_GLOB)) if cache_dir is not None and cache_dir.is_dir() and named else []
     if segments:
         src = f"read_parquet({sql_list(str(p) for p in segments)}, union_by_name = true, filename = true)"
         cols = "cache_key, granularity, model_id, parent_key, filename"

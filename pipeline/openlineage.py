@@ -24,6 +24,7 @@ It holds ids, versions and counts only, never personal data (its JSON schema,
 Transports: by default each event is one JSON file in ``OUT/lineage/openlineage/``, written
 atomically, named so that names sort by time (``<UTC time>-<run>-<seq>-<TYPE>.json``); it is
 an append-only log beside the commit, not part of it (no commit lists it, no sweep touches it).
+On an s3:// OUT each event is one object there (one PUT, whole or absent).
 ``openlineage.http`` also POSTs each event. Emitting never fails a run: a file or HTTP error is
 logged as a warning (an HTTP endpoint that failed once is not tried again in that run).
 """
@@ -43,7 +44,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from modalign.pipeline.layout import OutputLayout
 from modalign.schemas.config import LineageEventsConfig
+from modalign.schemas.errors import ModalignError
 from modalign.schemas.files import atomic_write
 from modalign.schemas.tables import ALL_TABLES, SourceLineageRow, _Row
 
@@ -329,18 +332,24 @@ def input_datasets(rows: Iterable[dict]) -> list[Any]:
     return list(seen.values())
 
 
-def output_datasets(out: Path, files: Iterable[str], rows: list[dict], version: str | None = None) -> list[Any]:
+def _layout(out: str | Path | OutputLayout) -> OutputLayout:
+    return out if isinstance(out, OutputLayout) else OutputLayout.of(out)
+
+
+def output_datasets(out: Path | OutputLayout, files: Iterable[str], rows: list[dict],
+                    version: str | None = None) -> list[Any]:
     """One output dataset per table that ``files`` (relative to OUT) belong to, with schema,
     column-lineage, de-identification, statistics and (given a commit ``version``) version facets."""
     from openlineage.client.event_v2 import OutputDataset
 
+    layout = _layout(out)
     version_facet, stats = _facets()[1], _facets()[4]
     by_table: dict[str, list[str]] = defaultdict(list)
     for f in files:
         t = table_of(f)
         if t is not None:
             by_table[t].append(f)
-    tables = {t: dataset_name(Path(out) / TABLES[t].PATH) for t in sorted(by_table)}
+    tables = {t: dataset_name(layout.uri_of(layout.table_dir(t))) for t in sorted(by_table)}
     sources = _sources_by_modality(rows)
     datasets = []
     for t, (ns, name) in tables.items():
@@ -354,17 +363,17 @@ def output_datasets(out: Path, files: Iterable[str], rows: list[dict], version: 
             facets["columnLineage"] = lineage
         if version is not None:
             facets["version"] = version_facet.DatasetVersionDatasetFacet(datasetVersion=version, producer=producer())
-        size = sum(_size(Path(out) / f) for f in by_table[t])
+        size = sum(_size(layout, f) for f in by_table[t])
         datasets.append(OutputDataset(namespace=ns, name=name, facets=facets, outputFacets={
             "outputStatistics": stats.OutputStatisticsOutputDatasetFacet(fileCount=len(by_table[t]), size=size,
                                                                          producer=producer())}))
     return datasets
 
 
-def _size(path: Path) -> int:
+def _size(layout: OutputLayout, rel: str) -> int:
     try:
-        return path.stat().st_size
-    except OSError:
+        return layout.size(layout.path(rel)) or 0
+    except (OSError, ModalignError):  # statistics must not fail an event
         return 0
 
 
@@ -417,8 +426,9 @@ class _Transports:
 
     kind = "modalign"
 
-    def __init__(self, folder: Path | None, http: Any | None, run_id: str) -> None:
+    def __init__(self, folder: Path | None, http: Any | None, run_id: str, layout: OutputLayout | None = None) -> None:
         self.folder = folder
+        self.layout = layout  # the layout ``folder`` is in (writes on object storage go through it)
         self.http = http
         self.run_tag = run_id.replace("-", "")[:12]
         self.seq = 0
@@ -453,9 +463,14 @@ class _Transports:
                 f.write(text + "\n")
 
         try:
-            self.written.append(atomic_write(path, write))
+            if self.layout is not None and self.layout.is_s3:
+                self.written.append(self.layout.write_bytes(path, (text + "\n").encode("utf-8")))
+            else:
+                self.written.append(atomic_write(path, write))
         except OSError as exc:
             log.warning("could not write OpenLineage event %s (%s); the run goes on", path, exc.strerror or exc)
+        except ModalignError as exc:  # the object store's fault
+            log.warning("could not write OpenLineage event %s (%s); the run goes on", path, exc.message)
 
     def close(self, timeout: float = -1) -> bool:
         if self.http is not None:
@@ -479,9 +494,10 @@ def _http_transport(cfg: Any) -> Any:
 class Emitter:
     """Sends RunEvents of one writer of OUT through openlineage-python's client."""
 
-    def __init__(self, config: LineageEventsConfig, out: Path, run_id: str) -> None:
+    def __init__(self, config: LineageEventsConfig, out: Path | OutputLayout, run_id: str) -> None:
         self.config = config
-        self.out = Path(out)
+        self.layout = _layout(out)
+        self.out = self.layout.root
         self.client = None
         if not config.enabled or not (config.file or config.http):
             return
@@ -494,7 +510,8 @@ class Emitter:
             except Exception as exc:  # noqa: BLE001 - a bad endpoint must not fail the run
                 log.warning("environment fault: OpenLineage HTTP transport %s unusable (%s); file events only",
                             config.http.url, exc)
-        self.transports = _Transports(self.out / EVENTS_DIR if config.file else None, http, run_id)
+        self.transports = _Transports(self.layout.path(EVENTS_DIR) if config.file else None, http, run_id,  # type: ignore[arg-type]
+                                      self.layout)
         # The client can add the current folder's git checkout as the job's source code (the user's
         # folder, not modalign's code, and a remote URL can hold a token): switched off.
         self.client = OpenLineageClient(transport=self.transports,  # type: ignore[arg-type]
@@ -527,9 +544,9 @@ class RunLineage:
     """The events of one ``modalign run``: ``start``, ``session_done`` per session, then
     ``complete`` after the commit or ``end(error)`` (FAIL / ABORT). No hook ever raises."""
 
-    def __init__(self, config: LineageEventsConfig, out: Path, run_id: str) -> None:
+    def __init__(self, config: LineageEventsConfig, out: Path | OutputLayout, run_id: str) -> None:
         self.config = config
-        self.out = Path(out)
+        self.out = _layout(out)  # OUT's layout: a folder or s3://bucket/prefix
         self.run_id = run_uuid(run_id)
         self.emitter = Emitter(config, self.out, run_id)
         self.sessions: dict[str, list[dict]] = {}  # session id -> its sources' rows (as known at start)
@@ -598,7 +615,11 @@ def _discovered(session: Any) -> list[dict]:
     for spec in session.manifest.ingest_sources():
         try:
             path = session.resolve(spec)
-            version = stat_version(path) if path.is_file() else None
+            if session.on_object_store:  # the listing's ETag and size: no request
+                entry = session.entry(path)
+                version = entry.version if entry is not None else None
+            else:
+                version = stat_version(path) if path.is_file() else None
         except (InputError, OSError):
             continue  # quarantined at discovery: not an input
         rows.append({"source_uri": path.as_uri(), "source_version": version, "modality": spec.modality})

@@ -5,12 +5,17 @@ each table to the user as a ``pyarrow.dataset.Dataset`` over exactly the committ
 (lazy, column-pruned, filterable; DuckDB, Polars and pandas take it as is), so a run in
 progress or one that crashed is never half-seen. It is the reader every command uses
 (``inspect``, ``search``, ``cache``). It imports no Ray and no model.
+
+OUT may be ``s3://bucket/prefix``: the commit log is read from the store and the datasets
+read the committed objects through the pyarrow S3 filesystem (``Output.filesystem``; pass it
+on to pyarrow, Polars or Ray Data with the paths of ``files``). The endpoint comes from
+``storage`` (a ``StorageConfig``) or ``$AWS_ENDPOINT_URL``; credentials from the AWS chain.
 """
 
 from __future__ import annotations
 
 from os import PathLike
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from modalign.pipeline.commits import CommitLog, Snapshot
@@ -18,27 +23,47 @@ from modalign.pipeline.layout import INDEX, TABLES, OutputLayout, safe_name
 from modalign.schemas.errors import ConfigError
 
 
+def refuse_s3(out: str | PathLike, what: str, why: str = "") -> None:
+    """``ConfigError`` when OUT is ``s3://bucket/prefix``: ``what`` works on a local OUT only (yet)."""
+    from modalign.pipeline.objstore import Location
+
+    if isinstance(out, str) and Location.parse(out).is_s3:
+        raise ConfigError(f"{what} is not supported on an s3:// OUT yet ({out}){': ' + why if why else ''}; "
+                          "it works on a local output folder")
+
+
 class Output:
     """One output folder of ``modalign run``, as of its latest commit when opened."""
 
-    def __init__(self, out: str | PathLike) -> None:
-        self.layout = OutputLayout(Path(out))
-        if not Path(out).is_dir():
+    def __init__(self, out: str | PathLike, storage: Any = None) -> None:
+        self.layout = OutputLayout.of(out, storage)  # a folder or s3://bucket/prefix
+        if not self.layout.is_s3 and not Path(out).is_dir():
             raise ConfigError(f"output folder {out} does not exist")
-        snapshot = CommitLog.of(out).latest()
+        snapshot = CommitLog(self.layout.store).latest()  # EnvironmentFaultError: the store cannot be read
         if snapshot is None:
             hint = (" (its run.json is from a modalign before commits, or from a run that never committed: "
-                    "re-run into it)" if self.layout.run_json.is_file() else "")
+                    "re-run into it)" if self.layout.exists(self.layout.run_json) else "")
             raise ConfigError(f"{out} is not a modalign output folder (no commit){hint}; "
                               f"run `modalign run INPUT --out {out}` first")
         self.snapshot: Snapshot = snapshot
 
     @property
-    def root(self) -> Path:
+    def root(self) -> PurePath:
+        """OUT's folder, or on object storage its ``bucket/prefix`` path on ``filesystem``."""
         return self.layout.root
 
+    @property
+    def uri(self) -> str:
+        """OUT as a user names it (a folder, or ``s3://bucket/prefix``)."""
+        return self.layout.uri
+
+    @property
+    def filesystem(self) -> Any:
+        """The pyarrow filesystem ``files`` are on (None: the local one)."""
+        return self.layout.fs
+
     def __repr__(self) -> str:
-        return f"modalign.Output({str(self.root)!r})"
+        return f"modalign.Output({self.uri!r})"
 
     @property
     def version(self) -> int:
@@ -54,8 +79,8 @@ class Output:
         """Names of the tables this folder holds (``TABLE`` names of ``schemas.tables``)."""
         return [name for name in TABLES if self.files(name)]
 
-    def files(self, name: str) -> list[Path]:
-        """The committed Parquet files of one table, sorted."""
+    def files(self, name: str) -> list[PurePath]:
+        """The committed Parquet files of one table, sorted (paths on ``filesystem``)."""
         if name not in TABLES:
             raise ConfigError(f"no table {name!r}; tables: {', '.join(TABLES)}")
         return [self.root / f for f in self.snapshot.under(TABLES[name].PATH) if f.endswith(".parquet")]
@@ -64,9 +89,10 @@ class Output:
         """One table as a ``pyarrow.dataset.Dataset`` with the table's declared schema."""
         import pyarrow.dataset as ds
 
-        return ds.dataset([str(p) for p in self.files(name)], schema=TABLES[name].schema(), format="parquet")
+        return ds.dataset([str(p) for p in self.files(name)], schema=TABLES[name].schema(), format="parquet",
+                          filesystem=self.layout.fs)
 
-    def index_file(self, model_id: str, granularity: str) -> Path | None:
+    def index_file(self, model_id: str, granularity: str) -> PurePath | None:
         """The committed FAISS index of one model and granularity (None: none was built)."""
         prefix = f"{INDEX}/{safe_name(model_id)}__{granularity}-"
         return next((self.root / f for f in self.snapshot.shared if f.startswith(prefix)), None)

@@ -55,10 +55,11 @@ def _available(output: Output) -> str:
     return "; ".join(pairs) if pairs else "none (no feature files: run `modalign run` first)"
 
 
-def _read_rows(files: list[Path], columns: list[str], filter_expr: Any = None) -> Any:
+def _read_rows(output: Output, files: list[Path], columns: list[str], filter_expr: Any = None) -> Any:
     import pyarrow.dataset as ds
 
-    return ds.dataset([str(f) for f in files], format="parquet").to_table(columns=columns, filter=filter_expr)
+    return ds.dataset([str(f) for f in files], format="parquet", filesystem=output.filesystem).to_table(
+        columns=columns, filter=filter_expr)
 
 
 def _load_index(output: Output, model_id: str, granularity: str) -> Any:
@@ -66,13 +67,14 @@ def _load_index(output: Output, model_id: str, granularity: str) -> Any:
     from modalign.operators.cache.index import FeatureIndex
 
     path = output.index_file(model_id, granularity)
-    if path is not None:
-        return FeatureIndex.load(path)
+    if path is not None:  # a file, or an object of an s3:// OUT
+        return FeatureIndex.load(path) if output.filesystem is None else \
+            FeatureIndex.from_bytes(output.layout.read_bytes(path))
     files = _feature_files(output).get((safe_name(model_id), granularity))
     if not files:
         raise ConfigError(f"no {granularity} features of model {model_id} in {output.root}; "
                           f"available: {_available(output)}")
-    t = _read_rows(files, ["feature_id", "vector", "dim"])
+    t = _read_rows(output, files, ["feature_id", "vector", "dim"])
     dim = int(t.column("dim")[0].as_py())
     index = FeatureIndex(dim)
     index.add(t.column("feature_id").to_numpy(), _vectors(t, dim))
@@ -137,7 +139,7 @@ def find_record(out: Path | Output, record: str, granularity: str | None = None)
     expr = pc.field("event_id") == rec
     if rec.isdigit():
         expr = expr | (pc.field("feature_id") == int(rec))
-    rows = _read_rows(files, ROW_COLUMNS + ["vector"], expr).to_pylist()
+    rows = _read_rows(output, files, ROW_COLUMNS + ["vector"], expr).to_pylist()
     if not rows:
         raise ConfigError(f"no feature row has feature_id or event_id {rec!r} in {out}")
     exact = [r for r in rows if str(r["feature_id"]) == rec]
@@ -186,7 +188,7 @@ def search(out: Path, *, image: Path | None = None, text: str | None = None, rec
     files = _feature_files(output).get((safe_name(model_id), gran))
     if not files:
         raise ConfigError(f"no {gran} features of model {model_id} in {out}; available: {_available(output)}")
-    rows = {r["feature_id"]: r for r in _read_rows(files, ROW_COLUMNS).to_pylist()}
+    rows = {r["feature_id"]: r for r in _read_rows(output, files, ROW_COLUMNS).to_pylist()}
     # ask for a few more than k: ids removed from the feature files (erasure) may linger in an old index
     want = min(index.ntotal, k + 8)
     if want == 0:
@@ -226,7 +228,7 @@ def _attach_text(output: Output, results: list[dict]) -> None:
     files = output.files("events_pdf")
     if not ids or not files:
         return
-    t = _read_rows(files, ["event_id", "text"], pc.field("event_id").isin(ids))
+    t = _read_rows(output, files, ["event_id", "text"], pc.field("event_id").isin(ids))
     text = dict(zip(t.column("event_id").to_pylist(), t.column("text").to_pylist()))
     for r in results:
         if r["event_id"] in text:

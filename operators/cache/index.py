@@ -146,9 +146,28 @@ class FeatureIndex:
         self._sync_from_gpu()
         return atomic_write(path, lambda tmp: faiss.write_index(self._cpu, str(tmp)))
 
+    def to_bytes(self) -> bytes:
+        """The index as ``save`` writes it (``faiss.serialize_index``: the same bytes), for an
+        object store."""
+        faiss = require("faiss")
+        self._sync_from_gpu()
+        return faiss.serialize_index(self._cpu).tobytes()
+
     @classmethod
     def load(cls, path: Path | str, *, device: str = "cpu") -> "FeatureIndex":
         faiss = require("faiss")
-        index = faiss.read_index(str(path))
+        return cls._of(faiss.read_index(str(path)), device)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, device: str = "cpu") -> "FeatureIndex":
+        """An index from the bytes of a saved one (``to_bytes``, or a file's content)."""
+        import numpy as np
+
+        faiss = require("faiss")
+        return cls._of(faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8)), device)
+
+    @classmethod
+    def _of(cls, index: Any, device: str) -> "FeatureIndex":
+        faiss = require("faiss")
         metric = "ip" if index.metric_type == faiss.METRIC_INNER_PRODUCT else "l2"
         return cls(index.d, metric, device=device, _index=index)
