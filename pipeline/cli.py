@@ -79,7 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         config = config.model_copy(update={"runtime": config.runtime.model_copy(update={"address": args.address})})
     metrics = _metrics(args)
     try:
-        summary = Runner(config, Path(args.out), progress=_progress, metrics=metrics).run(Path(args.input))
+        summary = Runner(config, args.out, progress=_progress, metrics=metrics).run(args.input)  # a path or s3://
         if metrics.port and args.metrics_linger > 0:  # a last scrape sees the final values
             time.sleep(args.metrics_linger)
     finally:
@@ -89,20 +89,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         from modalign.pipeline.inspect import collect, render
 
-        print(render(collect(Path(args.out))))
-        print(f"\noutputs: {Path(args.out).resolve()}  (details: modalign inspect {args.out})")
+        print(render(collect(args.out, config.storage)))
+        where = args.out if args.out.startswith("s3://") else Path(args.out).resolve()
+        print(f"\noutputs: {where}  (details: modalign inspect {args.out})")
     return summary["exit_code"]
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
     from modalign.pipeline.runner import resolve_config
-    from modalign.pipeline.watch import Watch, local_listing
+    from modalign.pipeline.watch import Watch, listing_for
 
     config = resolve_config(args.config)
     if args.address:
         config = config.model_copy(update={"runtime": config.runtime.model_copy(update={"address": args.address})})
     metrics = _metrics(args, WATCH_PORT)
-    watch = Watch(config, local_listing(Path(args.input), Path(args.out)), Path(args.out), interval_s=args.interval,
+    watch = Watch(config, listing_for(args.input, args.out, config), args.out, interval_s=args.interval,
                   settle_s=args.settle, max_in_flight=args.max_in_flight, once=args.once, progress=_progress,
                   report_every_s=args.report_every, metrics=metrics)
     try:
@@ -117,7 +118,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from modalign.pipeline.inspect import collect, render
 
-    info = collect(Path(args.out))
+    info = collect(args.out)  # a folder, or s3://bucket/prefix (endpoint: $AWS_ENDPOINT_URL)
     print(json.dumps(info, indent=2, default=str) if args.json else render(info))
     return 0
 
@@ -125,7 +126,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_search(args: argparse.Namespace) -> int:
     from modalign.pipeline.search import render_results, search
 
-    results = search(Path(args.out), image=Path(args.image) if args.image else None, text=args.text,
+    results = search(args.out, image=Path(args.image) if args.image else None, text=args.text,
                      record=args.record, granularity=args.granularity, k=args.k)
     print(json.dumps(results, indent=2) if args.json else render_results(results))
     return 0
@@ -134,7 +135,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 def cmd_cache(args: argparse.Namespace) -> int:
     from modalign.pipeline.cache_admin import cache_gc, cache_stats, render_stats
 
-    result = cache_stats(Path(args.out)) if args.action == "stats" else cache_gc(Path(args.out), dry_run=args.dry_run)
+    result = cache_stats(args.out) if args.action == "stats" else cache_gc(args.out, dry_run=args.dry_run)
     print(json.dumps(result, indent=2) if args.json else render_stats(result))
     return 0
 
@@ -142,7 +143,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
 def cmd_lineage_trace(args: argparse.Namespace) -> int:
     from modalign.pipeline.lineage import render_trace, to_json, trace
 
-    result = trace(Path(args.out), args.id)
+    result = trace(args.out, args.id)
     print(to_json(result) if args.json else render_trace(result))
     return 0
 
@@ -151,7 +152,7 @@ def cmd_lineage_access(args: argparse.Namespace) -> int:
     from modalign.pipeline.lineage import access, render_access, render_access_html, to_json, write_report
 
     fmt = "json" if args.json else args.format
-    report = access(Path(args.out), args.subject, registry=args.registry, key_store=args.key_store)
+    report = access(args.out, args.subject, registry=args.registry, key_store=args.key_store)
     text = {"json": to_json, "html": render_access_html, "text": render_access}[fmt](report)
     if args.report:
         path = write_report(args.report, text, args.out)
@@ -166,7 +167,7 @@ def cmd_lineage_erase(args: argparse.Namespace) -> int:
     from modalign.pipeline.erasure import erase, render_erasure
     from modalign.pipeline.lineage import to_json
 
-    report = erase(Path(args.out), subject=args.subject, source=args.source, scope=args.scope, dry_run=args.dry_run,
+    report = erase(args.out, subject=args.subject, source=args.source, scope=args.scope, dry_run=args.dry_run,
                    key_store=args.key_store, progress=None if args.json else _progress, registry=args.registry,
                    mentions=not args.keep_mentions)
     print(to_json(report) if args.json else render_erasure(report))
@@ -223,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=0)
 
     sp = add("run", "run the batch pipeline over a manifest, a folder or a media file", cmd_run)
-    sp.add_argument("input", help="manifest (.yaml/.json), folder of manifests/media, or one media file")
+    sp.add_argument("input", help="manifest (.yaml/.json), folder of manifests/media, or one media file; or "
+                    "s3://bucket/prefix (a prefix of manifests/media objects, or one object's key)")
     sp.add_argument("--out", required=True, help="output folder")
     sp.add_argument("--address", help="Ray cluster address (e.g. auto); default: a local Ray")
     sp.add_argument("--config", help="run configuration (YAML/JSON); see schemas/config.py")
@@ -233,7 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("watch", "process the sessions that land in a folder, each version exactly once, until stopped "
              "(SIGTERM/Ctrl-C: the sessions in flight commit, then it exits; twice: they are abandoned)", cmd_watch)
-    sp.add_argument("input", help="folder to watch (its manifests, and media files no manifest names)")
+    sp.add_argument("input", help="folder or s3://bucket/prefix to watch (its manifests, and media files no "
+                    "manifest names)")
     sp.add_argument("--out", required=True, help="output folder (its lease is held while the watch runs)")
     sp.add_argument("--interval", type=float, default=5.0, metavar="S", help="seconds between listings (default 5)")
     sp.add_argument("--settle", type=float, default=10.0, metavar="S",

@@ -22,12 +22,13 @@ import pyarrow as pa
 
 from modalign.operators.ingest.base import SourceContext
 from modalign.operators.modalities import DeidContext, ModalityPlan, plan_for
+from modalign.pipeline.discovery import ObjectPath
 from modalign.pipeline.items import (ClockItem, DoneItem, EmbedItem, FaultItem, Item, MetaItem, QuarantineItem,
                                      SourceItem, SourceJob)
-from modalign.pipeline.layout import OutputLayout, attempt_of, storage_faults, with_lineage, write_table
+from modalign.pipeline.layout import OutputLayout, attempt_of, storage_faults, with_lineage
 from modalign.schemas.config import RunConfig
 from modalign.schemas.errors import ComplianceError, EnvironmentFaultError, InputError, QuarantineReason
-from modalign.schemas.files import SeekableHashingReader, sha256_file
+from modalign.schemas.files import MemoryFile, SeekableHashingReader, sha256_file
 from modalign.schemas.manifest import ClockMapping
 from modalign.schemas.tables import DeidHeader, LineageColumns, QuarantineRow, SourceLineageRow
 from modalign.schemas.units import NS_PER_S
@@ -79,11 +80,12 @@ def lineage_row(job: SourceJob, lineage: LineageColumns, clock: ClockMapping, *,
 class IngestWorker:
     """Holds the ingest and de-identification operators of one actor (models loaded once)."""
 
-    def __init__(self, config: RunConfig, out_root: Path, key_store_dir: Path) -> None:
+    def __init__(self, config: RunConfig, out_root: Path | str, key_store_dir: Path) -> None:
         self.config = config
-        self.layout = OutputLayout(Path(out_root))
+        self.layout = OutputLayout.of(out_root, config.storage)  # a folder or s3://bucket/prefix
         self.key_store_dir = Path(key_store_dir)
         self._chains: dict[tuple[str, str], list[Any]] = {}
+        self._openers: dict[str, Any] = {}  # bucket -> object_reader.ObjectOpener
 
     def chain(self, modality: str, tenant: str = "default") -> list[Any]:
         """The source operator and de-identification chain of a modality, built once per tenant."""
@@ -107,34 +109,52 @@ class IngestWorker:
             yield QuarantineItem(quarantine_row(job, job.version, err))
             yield DoneItem(lineage_row(job, lineage, clock, status="quarantined"))
             return
-        has_stream, end_local_ns = self._probe(plan, job)
+        on_store = isinstance(job.path, ObjectPath)
+        reader: Any = None
+        memory: MemoryFile | None = None
+        try:  # an object is opened first (gone, or the store unreachable?), a local file probed first
+            if on_store:
+                reader, memory = self._open_object(plan, job)
+            has_stream, end_local_ns = self._probe(plan, job)
+        except InputError as err:  # the object is gone, changed, or too large to hold
+            self._close(reader, memory)
+            if job.spec.track_of is None:  # a video's own sound shares the video's row
+                yield QuarantineItem(quarantine_row(job, job.version, err))
+            yield DoneItem(lineage_row(job, lineage, clock, status="quarantined"))
+            return
+        except EnvironmentFaultError as exc:
+            self._close(reader, memory)
+            yield FaultItem(exc.message)
+            return
         if job.spec.track_of is not None and not has_stream:
+            self._close(reader, memory)
             yield DoneItem(lineage_row(job, lineage, clock, status="no_stream"))
             return
         try:  # the decoder reads the source through this reader, which hashes it on the way: one read
-            reader = SeekableHashingReader(job.path) if plan.reads_stream else None
+            if not on_store:
+                reader = SeekableHashingReader(job.path) if plan.reads_stream else None
         except OSError as exc:  # vanished or unreadable since discovery
             err = InputError(f"cannot read the source ({exc.strerror})", source_uri=job.uri, stage="read",
                              code=QuarantineReason.FILE_MISSING)
             yield QuarantineItem(quarantine_row(job, job.version, err))
             yield DoneItem(lineage_row(job, lineage, clock, status="quarantined"))
             return
-        ctx = SourceContext(session_id=job.session_id, spec=job.spec, path=job.path, uri=job.uri,
+        path = memory.path if memory is not None else (None if on_store else job.path)
+        ctx = SourceContext(session_id=job.session_id, spec=job.spec, path=path, uri=job.uri,
                             version=job.version, reader=reader)
         try:
             if job.reference is not None:
-                ctx, clock_item = self._clock(ctx, *job.reference)
+                ctx, clock_item = self._clock(ctx, job.path, *job.reference)
                 clock = clock_item.mapping
                 yield clock_item
             yield SourceItem(lineage, None if end_local_ns is None else ctx.clock.to_session(end_local_ns))
             events, status, deid, counts = yield from self._batches(job, plan, ops, ctx, lineage)
-            sha256 = self._content_hash(job, reader)
+            sha256 = self._content_hash(job, reader, memory)
         except EnvironmentFaultError as exc:
             yield FaultItem(exc.message)
             return
         finally:
-            if reader is not None:
-                reader.close()
+            self._close(reader, memory)
         yield DoneItem(lineage_row(job, lineage, clock, status=status, events=events, sha256=sha256,
                                    deid=[DeidHeader(**h) for h in deid.values()]), counts)
 
@@ -155,7 +175,7 @@ class IngestWorker:
                 stored = with_lineage(plan.to_events(clean, self.config), columns, plan.event_row.schema())
                 path = self.layout.events(plan.event_row, job.session_id, job.spec.id, attempt_of(job.run_id), part)
                 with storage_faults(path):  # OUT read-only or full: the machine's fault, not the input's
-                    write_table(path, stored)
+                    self.layout.write_table(path, stored)
                 part += 1
                 events += clean.num_rows
                 yield MetaItem(clean.select(list(plan.meta_columns)), self.layout.relative(path),
@@ -217,34 +237,89 @@ class IngestWorker:
             raise source_error
 
     @staticmethod
-    def _content_hash(job: SourceJob, reader: SeekableHashingReader | None) -> str | None:
-        """``sha256:<hex>`` of the source: from the decoder's read, or (tools read the path) apart."""
+    def _content_hash(job: SourceJob, reader: SeekableHashingReader | None,
+                      memory: MemoryFile | None = None) -> str | None:
+        """``sha256:<hex>`` of the source: from the decoder's read, the copy in memory, or (tools
+        read the path) apart."""
         try:
+            if memory is not None:
+                return "sha256:" + memory.hexdigest()
             return "sha256:" + (reader.hexdigest() if reader is not None else sha256_file(job.path))
-        except OSError:  # the file went away while it was processed: its content is unknown
+        except (OSError, InputError, EnvironmentFaultError):  # gone while it was processed: content unknown
             log.warning("could not hash %s after reading it", job.uri)
             return None
 
     @staticmethod
-    def _probe(plan: ModalityPlan, job: SourceJob) -> tuple[bool, int | None]:
+    def _close(reader: Any, memory: MemoryFile | None) -> None:
+        if reader is not None:
+            reader.close()
+        if memory is not None:
+            memory.close()
+
+    def _opener(self, bucket: str) -> Any:
+        from modalign.pipeline.object_reader import ObjectOpener
+        from modalign.pipeline.objstore import S3Options
+
+        if bucket not in self._openers:
+            self._openers[bucket] = ObjectOpener(bucket, S3Options.from_config(self.config.storage))
+        return self._openers[bucket]
+
+    def _open_object(self, plan: ModalityPlan, job: SourceJob) -> tuple[SeekableHashingReader | None,
+                                                                         MemoryFile | None]:
+        """Open an object-store source: a hashing reader over ranged GETs for a decoder, or (tools
+        read a path) a copy in anonymous memory; see ``pipeline.object_reader``."""
+        from modalign.pipeline.object_reader import etag_of
+
+        path, etag = job.path, etag_of(job.version)
+        assert isinstance(path, ObjectPath)
+        opener = self._opener(path.bucket)
+        if plan.reads_stream:
+            return SeekableHashingReader(opener=lambda: opener.open(path, etag)), None
+        cap = self.config.ingest.max_object_memory_bytes
+        if job.size is not None and job.size > cap:  # refused before any byte is read
+            from modalign.schemas.errors import LimitExceededError
+
+            raise LimitExceededError(
+                f"the object is {job.size} bytes, over ingest.max_object_memory_bytes={cap}: a document on object "
+                "storage is held in memory (never on disk) while its tools read it; raise the limit or split it",
+                source_uri=job.uri, stage="read", code=QuarantineReason.LIMIT_EXCEEDED)
+        return None, opener.in_memory(path, cap, etag)
+
+    def _source_file(self, source: "Path | ObjectPath") -> tuple[Path | None, Any]:
+        """(path, reader) to decode ``source`` apart from the ingest read (probe, clock reference)."""
+        if isinstance(source, ObjectPath):
+            return None, self._opener(source.bucket).open(source, block_bytes=2**20)
+        return source, None
+
+    def _probe(self, plan: ModalityPlan, job: SourceJob) -> tuple[bool, int | None]:
         """(has the stream, local ns where it ends) from the container header; documents: (True, None)."""
         from modalign.operators.ingest._av import probe_stream
 
-        return probe_stream(job.path, plan.name) if plan.reads_stream else (True, None)
+        if not plan.reads_stream:
+            return True, None
+        path, reader = self._source_file(job.path)
+        return probe_stream(reader if reader is not None else path, plan.name)
 
-    def _clock(self, ctx: SourceContext, ref_path: Path, ref_clock: ClockMapping) -> tuple[SourceContext, ClockItem]:
+    def _decode_audio(self, source: "Path | ObjectPath", rate: int) -> tuple[np.ndarray, int]:
+        from modalign.operators.ingest.audio import decode_audio
+
+        path, reader = self._source_file(source)
+        uri = source.as_uri() if isinstance(source, ObjectPath) else None
+        return decode_audio(path, rate, reader=reader, uri=uri)
+
+    def _clock(self, ctx: SourceContext, source: "Path | ObjectPath", ref_path: "Path | ObjectPath",
+               ref_clock: ClockMapping) -> tuple[SourceContext, ClockItem]:
         """Estimate (or verify) the source's clock against a reference recording, in this process.
 
         The decoded audio of both stays here; only the mapping and window offsets leave. If no
         offset can be found, the manifest's mapping is kept and no windows are reported.
         """
         from modalign.operators.align.offset import estimate_offset
-        from modalign.operators.ingest.audio import decode_audio
 
         clock, rate = ctx.spec.clock, self.config.ingest.audio.sample_rate_hz
         try:
-            ref, ref_start = decode_audio(ref_path, rate)
-            other, other_start = decode_audio(ctx.path, rate)
+            ref, ref_start = self._decode_audio(ref_path, rate)
+            other, other_start = self._decode_audio(source, rate)
             est = estimate_offset(ref, other, rate, ref_start_ns=ref_start, other_start_ns=other_start,
                                   ref_clock=ref_clock, source_uri=ctx.uri)
             del ref, other
