@@ -42,8 +42,10 @@ def run(
     return _run(input_path, out, config, progress)
 
 
-def open(out: str | PathLike) -> "Output":  # noqa: A001 - the public name is modalign.open
-    """The output folder of a run as of its latest commit: sessions and tables as Arrow datasets."""
+def open(out: str | PathLike, storage: Any = None) -> "Output":  # noqa: A001 - the public name is modalign.open
+    """The output folder of a run (or ``s3://bucket/prefix``) as of its latest commit: sessions and
+    tables as Arrow datasets. ``storage``: the endpoint and retries of an S3 OUT, as the run
+    config's ``storage`` section (a dict or ``StorageConfig``; default: ``$AWS_ENDPOINT_URL``)."""
     from modalign.pipeline.outputs import Output
 
-    return Output(out)
+    return Output(out, storage)

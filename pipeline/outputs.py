@@ -36,6 +36,16 @@ class Output:
     """One output folder of ``modalign run``, as of its latest commit when opened."""
 
     def __init__(self, out: str | PathLike, storage: Any = None) -> None:
+        if isinstance(storage, dict):
+            from pydantic import ValidationError
+
+            from modalign.schemas.config import StorageConfig
+            from modalign.schemas.load import format_validation_error
+
+            try:
+                storage = StorageConfig.model_validate(storage)
+            except ValidationError as exc:
+                raise ConfigError(format_validation_error(exc, "storage")) from None
         self.layout = OutputLayout.of(out, storage)  # a folder or s3://bucket/prefix
         if not self.layout.is_s3 and not Path(out).is_dir():
             raise ConfigError(f"output folder {out} does not exist")

@@ -295,3 +295,10 @@ def test_erasure_and_cache_gc_are_refused_on_s3_naming_why(runs, aws):
         with pytest.raises(ConfigError, match="not supported on an s3:// OUT yet"):
             call()
     assert CommitLog.of(runs["s3_out"]).versions() == [1, 2]  # nothing was written
+
+
+def test_open_takes_the_endpoint_from_a_storage_section(runs, aws, monkeypatch):
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    out = modalign.open(runs["s3_out"], {"endpoint_url": aws.endpoint})
+    assert out.version == 2 and out.table("records").count_rows() == modalign.open(runs["local_out"]).table(
+        "records").count_rows() > 0
