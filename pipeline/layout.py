@@ -286,6 +286,11 @@ class OutputLayout:
         self.store.delete(self.relative(probe))
         self.store.ensure_conditional_writes()
 
+    def faults(self, path: PurePath, op: str = "write") -> Any:
+        """A context in which a storage error of ``op`` on ``path`` is raised as the
+        ``EnvironmentFaultError`` it is (``storage_faults`` locally; pyarrow's S3 errors on S3)."""
+        return self._s3_faults(path, op) if self.is_s3 else storage_faults(Path(path))
+
     @contextmanager
     def _s3_faults(self, path: PurePath, op: str) -> Iterator[None]:
         """pyarrow's S3 errors (``OSError`` with the AWS error name) as the ``EnvironmentFaultError``
