@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -39,6 +40,7 @@ OURS = (".parquet", ".faiss", ".jsonl")
 
 SCRIPT = r"""
 import json, sys
+from dataclasses import replace
 from pathlib import Path
 from modalign.pipeline.objstore import Location, S3Options, S3Store
 from modalign.pipeline.runner import Runner
@@ -302,3 +304,23 @@ def test_open_takes_the_endpoint_from_a_storage_section(runs, aws, monkeypatch):
     out = modalign.open(runs["s3_out"], {"endpoint_url": aws.endpoint})
     assert out.version == 2 and out.table("records").count_rows() == modalign.open(runs["local_out"]).table(
         "records").count_rows() > 0
+
+
+def test_the_denylist_of_an_s3_out_is_read_from_the_store(aws, tmp_path):
+    """What a run into an S3 OUT refuses: the committed denylist objects, keyed with the key store's key."""
+    import uuid
+
+    from modalign.pipeline.commits import Snapshot
+    from modalign.pipeline.erasure import DENYLIST, DENYLIST_KEY, Denylist, ErasureKeys, key_id, keyed
+
+    key = ErasureKeys(tmp_path / "keys").get(DENYLIST_KEY, create=True)
+    layout = OutputLayout.of(f"s3://{aws.bucket}/deny/{uuid.uuid4().hex[:8]}")
+    rel = f"{DENYLIST}/abcdef012345.json"
+    layout.write_json(layout.path(rel), {"format": 1, "entries": [
+        {"kind": "subject", "key": keyed(key, "subject", "subject-0042"), "key_id": key_id(key),
+         "erasure_id": "e" * 32, "erased_at": "2026-12-01T00:00:00Z"}]})
+    snap = Snapshot(version=1, run_id="r" * 32, committed_at="2026-12-01T00:00:00Z", shared=(rel,))
+    deny = Denylist.load(layout, snap, tmp_path / "keys")
+    assert "erased" in deny.refusal("file:///in/a.wav", "v1", None, ["subject-0042"])
+    assert deny.refusal("file:///in/a.wav", "v1", None, ["subject-0001"]) is None
+    assert Denylist.load(layout, replace(snap, shared=()), tmp_path / "keys").entries == ()
