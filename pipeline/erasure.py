@@ -430,7 +430,8 @@ def erase(out: str | PathLike, *, subject: str | None = None, source: str | None
 
     from modalign.pipeline.outputs import refuse_s3
 
-    refuse_s3(out, "modalign lineage erase", "it rewrites files in place of the committed ones and the cache")
+    refuse_s3(out, "modalign lineage erase", "its rewrite of tables and indexes and its denylist and report are "
+              "written for a folder (copy OUT to one, erase there, copy it back)")
     say = progress or (lambda _m: None)
     subject = validate_subject(subject) if subject is not None else None
     root = Path(out).absolute()
