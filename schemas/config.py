@@ -82,6 +82,10 @@ class IngestConfig(_Strict):
     audio: AudioIngestConfig = AudioIngestConfig()
     pdf: PdfIngestConfig = PdfIngestConfig()
     max_file_bytes: int = Field(20 * 2**30, gt=0, le=2**40)
+    max_object_memory_bytes: int = Field(
+        512 * 2**20, gt=0, le=2**40,
+        description="an object-store source that a tool reads by path (a PDF) is held in memory, never on disk, "
+                    "while it is processed; a larger one is quarantined (limit_exceeded)")
     allowed_roots: list[Path] = Field(
         default_factory=list, description="folders sources may also resolve into, besides their manifest's folder")
 
@@ -96,6 +100,10 @@ class AlignConfig(_Strict):
     drift_consecutive_ticks: int = Field(5, ge=1, le=1_000_000)
     allowed_lateness_ms: float = Field(
         2000.0, ge=0, le=3_600_000, description="an event later than this behind its source's newest is logged 'late', not matched"
+    )
+    part_s: float = Field(
+        60.0, gt=0, le=DAY_S, description="session seconds per timeline part: records, CTAL and alarms are written "
+                                          "(and the aligner checkpointed) as the watermarks pass each part"
     )
 
 
