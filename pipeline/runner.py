@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from modalign.operators.modalities import PLANS
 from modalign.pipeline.commits import CommitLog, Snapshot, sweep
-from modalign.pipeline.discovery import Session, discover
+from modalign.pipeline.discovery import ObjectPath, Session, discover_input
 from modalign.pipeline.erasure import Denylist, carried_shared
 from modalign.pipeline.items import (ClockItem, DoneItem, EmbedItem, FaultItem, Item, MetaItem, QuarantineItem,
                                      SourceItem, SourceJob)
@@ -129,8 +129,12 @@ class Runner:
         return init_ray(self.config.runtime)
 
     # -- the run -----------------------------------------------------------------------
-    def run(self, input_path: Path) -> dict:
-        sessions = discover(Path(input_path), tuple(self.config.ingest.allowed_roots))  # ConfigError before work
+    def run(self, input_path: str | Path) -> dict:
+        """Discover INPUT (a folder, manifest or file, or ``s3://bucket/prefix``) and run it."""
+        from modalign.pipeline.objstore import S3Options
+
+        sessions = discover_input(input_path, tuple(self.config.ingest.allowed_roots),  # ConfigError before work
+                                  S3Options.from_config(self.config.storage))
         check_writable(self.out, self.config.runtime.min_free_mb * 2**20)  # EnvironmentFaultError before work
         self.key_store.mkdir(parents=True, exist_ok=True, mode=0o700)
         with Lease(LocalStore(self.out), self.run_id, ttl_s=self.config.runtime.lease_ttl_s,
@@ -312,6 +316,8 @@ class Runner:
             return None
         uri = path.as_uri()
         problem = None
+        if isinstance(path, ObjectPath):  # version and size from the listing: no request here
+            return self._object_job(st, spec, path)
         if not path.is_file():
             problem = (QuarantineReason.FILE_MISSING, "file not found; check the manifest's uri")
         elif path.stat().st_size == 0:
@@ -332,6 +338,34 @@ class Runner:
         return SourceJob(run_id=self.run_id, session_id=m.session_id, spec=spec, path=path, uri=uri,
                          version=version, tenant=m.tenant, subjects=m.subjects_of(spec),
                          reference=self._reference(st, spec), roots=s.roots)
+
+    def _object_job(self, st: _SessionState, spec, path: ObjectPath) -> SourceJob | None:
+        """``_job`` for a source on object storage: the checks of a local file, on its listing entry."""
+        s, m, uri = st.session, st.session.manifest, path.as_uri()
+        entry = s.entry(path)
+        size = entry.size if entry is not None else None
+        problem = None
+        if entry is None:
+            problem = (QuarantineReason.FILE_MISSING, "object not found under the input prefix; check the manifest's uri")
+        elif size == 0:
+            problem = (QuarantineReason.FILE_EMPTY, "object is empty (0 bytes)")
+        elif size is not None and size > self.config.ingest.max_file_bytes:
+            problem = (QuarantineReason.LIMIT_EXCEEDED,
+                       f"object is larger than ingest.max_file_bytes={self.config.ingest.max_file_bytes}")
+        version = entry.version if entry is not None else None
+        # the denylist's content check needs the bytes: on object storage the worker's sha256 is recorded instead
+        if problem is None and (erased := self.denylist.refusal(uri, version, None, m.subjects_of(spec))):
+            problem = (QuarantineReason.ERASED, erased)
+        if problem:
+            if spec.track_of is None:
+                self.progress(f"quarantine {uri}: {problem[1]}")
+                st.quarantine.append(QuarantineRow(
+                    session_id=m.session_id, source_id=spec.id, source_uri=uri, source_version=version,
+                    stage="discover", reason_code=problem[0], message=problem[1]))
+            return None
+        return SourceJob(run_id=self.run_id, session_id=m.session_id, spec=spec, path=path, uri=uri,
+                         version=version, tenant=m.tenant, subjects=m.subjects_of(spec),
+                         reference=self._reference(st, spec), roots=s.roots, size=size)
 
     def _ingest_one(self, st: _SessionState, job: SourceJob, actor, embedder) -> None:
         """Stream one source through an ingest actor, forwarding its items (runs in a driver thread).
@@ -463,8 +497,8 @@ class Runner:
             case DoneItem():
                 src.done = item
 
-    def _reference(self, st: _SessionState, spec) -> tuple[Path, Any] | None:
-        """(path, clock) of the source this one's clock is estimated or verified against."""
+    def _reference(self, st: _SessionState, spec) -> tuple[Path | ObjectPath, Any] | None:
+        """(path or object key, clock) of the source this one's clock is estimated or verified against."""
         ref_id = spec.clock.reference
         if ref_id is None:
             return None
@@ -473,7 +507,9 @@ class Runner:
             path = st.session.resolve(ref)
         except InputError:
             path = None
-        if path is None or not path.is_file():
+        exists = path is not None and (st.session.entry(path) is not None if isinstance(path, ObjectPath)
+                                       else path.is_file())
+        if not exists:
             self.progress(f"clock {st.session.manifest.session_id}/{spec.id}: reference {ref_id} is missing; "
                           "manifest clock kept")
             return None
@@ -636,5 +672,6 @@ def resolve_config(config: "RunConfig | dict | str | PathLike | None") -> RunCon
 def run(input_path: str | PathLike, out: str | PathLike, config: Any = None,
         progress: Callable[[str], None] | None = None) -> dict:
     """``modalign run``: the batch job (see ``modalign.run``)."""
-    return Runner(resolve_config(config), Path(out), progress).run(Path(input_path))
+    source = input_path if isinstance(input_path, str) else Path(input_path)  # a path, or s3://bucket/prefix
+    return Runner(resolve_config(config), Path(out), progress).run(source)
 
