@@ -39,7 +39,7 @@ class IngestActor:
         from modalign.pipeline.worker import IngestWorker
 
         _single_threaded()
-        self.worker = IngestWorker(RunConfig.model_validate_json(config_json), Path(out_root), Path(key_store_dir))
+        self.worker = IngestWorker(RunConfig.model_validate_json(config_json), out_root, Path(key_store_dir))
 
     def ping(self) -> bool:
         """Answers once the actor is up (after a restart too)."""
@@ -60,56 +60,58 @@ class IngestActor:
                 yield item
 
 
-@ray.remote(max_restarts=0, max_task_retries=0)
-class AlignerActor:
-    """One per session: collects event times from all sources, then writes the timeline.
+ALIGNER_RESTARTS = 3
 
-    Not restarted: a restarted aligner would have lost the events it held and would write
-    a timeline full of false gaps; failing the run is the honest outcome until its state
-    is checkpointed.
+
+@ray.remote(max_restarts=ALIGNER_RESTARTS, max_task_retries=0)
+class AlignerActor:
+    """One per session: aligns the sources' event times and writes the timeline in parts as the
+    watermarks advance, with a checkpoint after each (``modalign.pipeline.timeline``).
+
+    Restarted by Ray, never retried by it: a restarted instance loads the last checkpoint and
+    answers ``NEEDS_RESUME`` to every call until the driver replays its log of calls with
+    ``resume`` (events it had not consumed are re-read from their parts in OUT).
     """
 
     def __init__(self, session_id: str, config_json: str, out_root: str, attempt: str,
                  expected_sources: list[str]) -> None:
-        from modalign.operators.align.aligner import TickAligner
+        import warnings
+
         from modalign.pipeline.layout import OutputLayout
+        from modalign.pipeline.timeline import TimelineWriter
 
-        self.cfg = RunConfig.model_validate_json(config_json)
-        self.aligner = TickAligner(session_id, self.cfg.align, expected_sources=expected_sources)
-        self.layout = OutputLayout(Path(out_root))
-        self.session_id = session_id
-        self.attempt = attempt
+        cfg = RunConfig.model_validate_json(config_json)
+        with warnings.catch_warnings():  # deprecated in favour of nothing that says the same
+            warnings.simplefilter("ignore")
+            restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        self.timeline = TimelineWriter(session_id, cfg, OutputLayout.of(out_root, cfg.storage), attempt,
+                                       expected_sources, restarted=restarted)
 
-    def register(self, source_id: str, modality: str, lineage: dict, clock: Any) -> None:
-        self.aligner.register(source_id, modality, lineage, clock)
+    def held(self) -> bool:
+        """Whether this instance (a restarted one) waits for ``resume``; answers once it is up."""
+        return self.timeline.held
 
-    def add(self, source_id: str, events: pa.Table, latency_ms: float = 0.0) -> int:
-        return self.aligner.add(source_id, events, latency_ms)
+    def pid(self) -> int:
+        return os.getpid()
 
-    def observe_offsets(self, source_id: str, windows: list) -> int:
-        return self.aligner.observe_offsets(source_id, windows)
+    def register(self, source_id: str, modality: str, lineage: dict, clock: Any) -> str | None:
+        return self.timeline.register(source_id, modality, lineage, clock)
 
-    def finish_source(self, source_id: str, cut_short_at_ns: int | None = None) -> None:
-        if cut_short_at_ns is not None:
-            self.aligner.expect_until(source_id, cut_short_at_ns)
-        self.aligner.finish_source(source_id)
+    def add(self, source_id: str, events: pa.Table, latency_ms: float = 0.0, seq: int | None = None) -> int | str:
+        return self.timeline.add(source_id, events, latency_ms, seq)
 
-    def finish(self) -> dict:
-        """Decide the rest of the session and write its tables; returns counts and the files written."""
-        from modalign.pipeline.layout import write_jsonl, write_table
+    def observe_offsets(self, source_id: str, windows: list) -> int | str:
+        return self.timeline.observe_offsets(source_id, windows)
 
-        res = self.aligner.finish()
-        sid, lay, a = self.session_id, self.layout, self.attempt
-        written = [write_table(lay.records(sid, a), res.records), write_table(lay.ctal(sid, a), res.ctal),
-                   write_table(lay.ctal_summary(sid, a), res.summary),
-                   write_table(lay.drift_alarms(sid, a), res.alarms)]
-        if res.ctal.num_rows:
-            written.append(write_jsonl(lay.ctal_jsonl(sid, a), res.ctal.to_pylist()))
-        return dict(
-            ticks=res.ticks, ctal_rows=res.ctal.num_rows, drift_alarms=res.alarms.num_rows,
-            gaps=int(sum(r["gaps"] for r in res.summary.to_pylist())), summary=res.summary.to_pylist(),
-            files=[lay.relative(p) for p in written if p.is_file()],
-        )
+    def finish_source(self, source_id: str, cut_short_at_ns: int | None = None) -> str | None:
+        return self.timeline.finish_source(source_id, cut_short_at_ns)
+
+    def resume(self, log: list[tuple]) -> dict:
+        return self.timeline.resume(log)
+
+    def finish(self) -> dict | str:
+        """Decide the rest of the session and write its last part; returns counts and the files written."""
+        return self.timeline.finish()
 
 
 @ray.remote(max_restarts=2, max_task_retries=2)
@@ -120,7 +122,7 @@ class EmbedActor:
         from modalign.pipeline.embedding import Embedder
 
         _single_threaded()
-        self.embedder = Embedder(RunConfig.model_validate_json(config_json), Path(out_root), attempt)
+        self.embedder = Embedder(RunConfig.model_validate_json(config_json), out_root, attempt)
 
     def embed(self, modality: str, table: pa.Table, lineage: dict, part: int) -> dict:
         return self.embedder.embed(modality, table, lineage, part)

@@ -5,11 +5,19 @@ OUT is checked writable. The run then takes OUT's lease (one writer), and sweeps
 crashed earlier attempt left. Per source, an ingest actor streams de-identified items back:
 metadata goes to the session's aligner actor, payload refs to the embed actor (at most
 ``max_in_flight`` pending per ingest stream, so memory stays bounded), quarantine and
-lineage rows to the driver. At the end the aligners write the timeline and CTAL log, the
-FAISS indexes are built from the new state's feature files, and the next commit
+lineage rows to the driver. Each aligner writes its session's timeline and CTAL log in parts
+as the watermarks advance (``pipeline.timeline``); every call to it is logged here first, so
+an aligner that Ray restarts is resumed from its checkpoint plus that log. At the end the
+aligners write their last parts, the FAISS indexes are built from the new state's feature
+files, and the next commit
 (``modalign.pipeline.commits``) lists exactly the files of that state; only then are the
 previous commit's files removed and ``run.json`` (a copy of the summary) rewritten. Every
 file the run writes carries its attempt id, so until the commit nothing a reader uses changes.
+
+OUT may be ``s3://bucket/prefix`` (``OutputLayout.of``): every actor writes its files there
+itself (the config JSON carries the endpoint; credentials come from each node's AWS chain),
+the writability check is a probe object, the lease and commit log are objects, the sweep
+lists and deletes objects, and the feature cache lives in the embed actor's memory only.
 """
 
 from __future__ import annotations
@@ -34,12 +42,10 @@ from modalign.pipeline.discovery import ObjectPath, Session, discover_input
 from modalign.pipeline.erasure import Denylist, carried_shared
 from modalign.pipeline.items import (ClockItem, DoneItem, EmbedItem, FaultItem, Item, MetaItem, QuarantineItem,
                                      SourceItem, SourceJob)
-from modalign.pipeline.layout import (OutputLayout, attempt_of, check_writable, storage_faults, write_fault,
-                                      write_json, write_table)
+from modalign.pipeline.layout import OutputLayout, attempt_of, storage_faults, write_fault
 from modalign.pipeline.lease import Lease
 from modalign.pipeline.metrics import Metrics
 from modalign.pipeline.openlineage import RunLineage
-from modalign.pipeline.store import LocalStore
 from modalign.pipeline.worker import lineage_row, source_lineage
 from modalign.schemas.arrow import rows_to_table
 from modalign.schemas.config import RunConfig, RuntimeConfig
@@ -83,6 +89,10 @@ class _SessionState:
     quarantine: list[QuarantineRow] = field(default_factory=list)
     lineage: list[SourceLineageRow] = field(default_factory=list)
     files: set[str] = field(default_factory=set)  # what this run wrote for the session (relative to OUT)
+    align_log: list = field(default_factory=list)  # every aligner call, in submission order: a restart replays it
+    align_lock: threading.Lock = field(default_factory=threading.Lock)  # log order = submission order
+    align_refs: dict = field(default_factory=dict)  # aligner calls not yet collected -> their index in the log
+    align_resumed_at: int = 0  # length of the log the last resume replayed
 
 
 @dataclass
@@ -100,17 +110,20 @@ class _SourceStream:
     end_ns: int | None = None  # where the recording ends (SourceItem)
     last_t_ns: int | None = None  # the latest event time received
     items: int = 0
+    meta_seq: int = 0  # event parts sent to the aligner (their numbers dedupe a replay)
 
 
 class Runner:
     def __init__(self, config: RunConfig, out: Path, progress: Callable[[str], None] | None = None, *,
                  metrics: Metrics | None = None) -> None:
         self.config = config
-        self.out = Path(out).absolute()  # workers run in other folders (and on other nodes)
-        self.layout = OutputLayout(self.out)
+        layout = OutputLayout.of(out, config.storage)  # a folder or s3://bucket/prefix
+        # workers run in other folders (and on other nodes): a folder absolute, a prefix as its URI
+        self.out: Path | str = layout.uri if layout.is_s3 else Path(layout.root).absolute()
+        self.layout = layout if layout.is_s3 else OutputLayout(self.out)
         self.progress = progress or (lambda msg: log.info(msg))
         self.key_store = key_store_dir(config.key_store).absolute()
-        if self.key_store.resolve().is_relative_to(self.out.resolve()):
+        if not self.layout.is_s3 and self.key_store.resolve().is_relative_to(self.out.resolve()):
             raise ConfigError(f"key_store {self.key_store} is inside the output folder {self.out}; pseudonym keys "
                               "are never outputs: set key_store (or $MODALIGN_KEY_STORE) to a folder outside it")
         self.run_id = uuid.uuid4().hex
@@ -119,7 +132,7 @@ class Runner:
         self._stop = threading.Event()  # set when the run must stop (an environment fault, a lost lease)
         self._stopped_by: ModalignError | None = None
         self.counts: Counter = Counter()
-        self.lineage = RunLineage(config.openlineage, self.out, self.run_id)  # OpenLineage events
+        self.lineage = RunLineage(config.openlineage, self.layout, self.run_id)  # OpenLineage events
         self.denylist = Denylist()  # the committed denylist of OUT, read once the lease is held
         self.committed: Snapshot | None = None  # the commit this run made
         self.metrics = metrics or Metrics()  # fed from the items routed here; served by the CLI when asked
@@ -135,9 +148,9 @@ class Runner:
 
         sessions = discover_input(input_path, tuple(self.config.ingest.allowed_roots),  # ConfigError before work
                                   S3Options.from_config(self.config.storage))
-        check_writable(self.out, self.config.runtime.min_free_mb * 2**20)  # EnvironmentFaultError before work
+        self.layout.check_writable(self.config.runtime.min_free_mb * 2**20)  # EnvironmentFaultError before work
         self.key_store.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with Lease(LocalStore(self.out), self.run_id, ttl_s=self.config.runtime.lease_ttl_s,
+        with Lease(self.layout.store, self.run_id, ttl_s=self.config.runtime.lease_ttl_s,
                    on_lost=self._halt) as lease:  # OutputLockedError: another writer holds OUT
             if lease.took_over is not None:
                 self.progress(f"took over the lease of OUT from {lease.took_over.holder}, which stopped")
@@ -150,7 +163,7 @@ class Runner:
         commits = CommitLog(lease.store)
         base = commits.latest()
         self._recover(base)
-        self.denylist = Denylist.load(self.out, base, self.key_store)  # erased sources and subjects
+        self.denylist = Denylist.load(self.layout, base, self.key_store)  # erased sources and subjects
         self.lineage.start(sessions)
         committed = None
         try:
@@ -168,7 +181,7 @@ class Runner:
         self.metrics.runs.labels("committed").inc()
         self.metrics.sessions.inc(len(sessions))
         with storage_faults(self.layout.run_json):
-            write_json(self.layout.run_json, summary)
+            self.layout.write_json(self.layout.run_json, summary)
         self._sweep(committed.files())
         return summary
 
@@ -184,6 +197,9 @@ class Runner:
         n_ingest = self.config.runtime.ingest_actors or max(1, cpus - 1)
         cfg_json = self.config.model_dump_json()
         self.progress(f"run {self.run_id[:8]}: {len(sessions)} session(s), {n_ingest} ingest actor(s), {cpus} CPU(s)")
+        if self.layout.cache_dir is None:
+            self.progress("feature cache: in memory for this run only (none is kept on an s3:// OUT; a re-run "
+                          "recomputes the features)")
 
         actors: list[Any] = []
         try:
@@ -221,7 +237,7 @@ class Runner:
             for st in self.states:
                 sid = st.session.manifest.session_id
                 t = time.perf_counter()
-                align[sid] = self._get(st.aligner.finish.remote(), f"the aligner of session {sid}")
+                align[sid] = self._finish_aligner(st)
                 self.metrics.aligned(align[sid], time.perf_counter() - t)
                 st.files.update(align[sid]["files"])
                 for k in ("ticks", "gaps", "ctal_rows", "drift_alarms"):
@@ -252,9 +268,10 @@ class Runner:
             self.metrics.stage("index", time.perf_counter() - t)
             summary["indexes"] = indexes
             shared = [ix["path"] for ix in indexes] + carried_shared(base)  # + the denylist, erasure reports
-            new_files = [self.out / f for s in sessions.values() for f in s["files"]] + [self.out / f for f in shared]
-            for folder in sorted({p.parent for p in new_files}):
-                fsync_dir(folder)
+            if not self.layout.is_s3:  # an object is durable once its upload completed
+                new_files = [self.out / f for s in sessions.values() for f in s["files"]] + [self.out / f for f in shared]
+                for folder in sorted({p.parent for p in new_files}):
+                    fsync_dir(folder)
             lease.check()  # the fence: a writer that lost its lease must not commit
             t = time.perf_counter()
             snap = commits.commit(base, run_id=self.run_id, sessions=sessions, shared=shared, summary=summary)
@@ -269,14 +286,14 @@ class Runner:
         if removed:
             self.progress(f"removed {removed} file(s) of an unfinished earlier run (not committed)")
         if base is not None:
-            write_json(self.layout.run_json, base.summary)
+            self.layout.write_json(self.layout.run_json, base.summary)
         else:
-            self.layout.run_json.unlink(missing_ok=True)  # it described files no commit lists
+            self.layout.delete(self.layout.run_json)  # it described files no commit lists
 
     def _sweep(self, keep: set[str], quietly: bool = False) -> int:
         try:
             with storage_faults(self.out):
-                return sweep(self.out, keep, self.layout.data_folders())
+                return sweep(self.layout.store if self.layout.is_s3 else self.out, keep, self.layout.data_folders())
         except EnvironmentFaultError as exc:
             if not quietly:
                 raise
@@ -397,7 +414,7 @@ class Runner:
             return
         if src.lineage is not None:  # no more events from this source: its ticks can be decided
             cut = src.end_ns if src.done is None else None
-            src.pending.append(st.aligner.finish_source.remote(job.spec.id, cut))
+            src.pending.append(self._align(st, ("finish_source", job.spec.id, cut)))
         self._collect(st, src.pending)
         done = src.done
         if done is None:  # the worker died before its last item
@@ -442,6 +459,7 @@ class Runner:
             if isinstance(item, EmbedItem):  # the next stream item is its table: forward that ref unread
                 item = EmbedItem(item.modality, item.rows, next(stream))
             self._route(st, src, item, embedder)
+            self._poll_aligner(st, src)  # a dead aligner is noticed at once, not at the end
             if len(src.pending) > limit:  # backpressure: at most `limit` downstream calls in flight
                 done, src.pending = ray.wait(src.pending, num_returns=len(src.pending) - limit)
                 self._collect(st, done)
@@ -470,10 +488,10 @@ class Runner:
             case SourceItem(lineage=lineage):
                 src.lineage, src.end_ns = lineage, item.end_ns
                 clock = src.clock.mapping if src.clock else job.spec.clock
-                src.pending.append(st.aligner.register.remote(job.spec.id, job.spec.modality, lineage.model_dump(),
-                                                              clock))
+                src.pending.append(self._align(st, ("register", job.spec.id, job.spec.modality, lineage.model_dump(),
+                                                    clock)))
                 if src.clock and src.clock.windows:
-                    src.pending.append(st.aligner.observe_offsets.remote(job.spec.id, src.clock.windows))
+                    src.pending.append(self._align(st, ("observe_offsets", job.spec.id, src.clock.windows)))
             case MetaItem(table=table):
                 src.events += table.num_rows
                 if table.num_rows:
@@ -481,7 +499,8 @@ class Runner:
                 with self._lock:
                     st.files.add(item.path)
                 latency = (time.perf_counter() - src.started) * 1e3
-                src.pending.append(st.aligner.add.remote(job.spec.id, table, latency))
+                src.pending.append(self._align(st, ("add", job.spec.id, src.meta_seq, item.path, latency), table))
+                src.meta_seq += 1
                 self.metrics.batch_ingested(job.spec.modality, table.num_rows, item.seconds)
             case EmbedItem(modality=modality, rows=rows, table=table_ref):
                 if rows:
@@ -515,13 +534,16 @@ class Runner:
             return None
         return path, ref.clock
 
-    def _get(self, refs: Any, what: str) -> Any:
-        """``ray.get``, with the death of an actor that holds run state reported as what it is."""
+    def _get(self, refs: Any, what: str, on_death: Callable[[Exception], Any] | None = None) -> Any:
+        """``ray.get``, with the death of an actor that holds run state reported as what it is
+        (``on_death``: what to return instead, for an actor that can be resumed)."""
         import ray
 
         try:
             return ray.get(refs)
         except ray.exceptions.RayActorError as exc:
+            if on_death is not None:
+                return on_death(exc)
             raise EnvironmentFaultError(f"{what} died ({type(exc).__name__}): the run cannot finish honestly; "
                                         "check the machine's memory and the Ray logs, then re-run") from None
         except ray.exceptions.RayTaskError as exc:
@@ -534,13 +556,119 @@ class Runner:
                 raise fault from None
             raise
 
+    # -- the aligner: calls logged in submission order, a restarted one resumed from that log --------
+    def _align(self, st: _SessionState, entry: tuple, table: Any = None) -> Any:
+        """Submit one aligner call, logged first (``pipeline.timeline``: the log a restarted aligner
+        replays); ``entry`` is ``(method, source_id, ...)`` as ``TimelineWriter.resume`` reads it."""
+        method, source_id, *args = entry
+        with st.align_lock:
+            st.align_log.append(entry)
+            if method == "add":  # logged by the event part's file, sent with its table
+                seq, _path, latency = args
+                ref = st.aligner.add.remote(source_id, table, latency, seq)
+            else:
+                ref = getattr(st.aligner, method).remote(source_id, *args)
+            st.align_refs[ref] = len(st.align_log) - 1
+        return ref
+
+    def _poll_aligner(self, st: _SessionState, src: _SourceStream) -> None:
+        """Collect this stream's aligner calls that have answered (without waiting)."""
+        import ray
+
+        mine = [r for r in src.pending if r in st.align_refs]
+        if not mine:
+            return
+        ready, _ = ray.wait(mine, num_returns=len(mine), timeout=0)
+        if ready:
+            gone = set(ready)
+            src.pending = [r for r in src.pending if r not in gone]
+            self._collect(st, ready)
+
+    def _collect_aligner(self, st: _SessionState, refs: list) -> None:
+        """Answers of aligner calls: a death or a ``NEEDS_RESUME`` answer resumes it (or fails the run)."""
+        from modalign.pipeline.timeline import NEEDS_RESUME
+
+        with st.align_lock:
+            first = min(st.align_refs.pop(r) for r in refs)
+        sid = st.session.manifest.session_id
+        died: list[Exception] = []
+        results = self._get(refs, f"the aligner of session {sid}", on_death=lambda exc: died.append(exc) or [])
+        if died or any(isinstance(r, str) and r == NEEDS_RESUME for r in results):
+            self._resume_aligner(st, died[0] if died else None, first)
+
+    def _resume_aligner(self, st: _SessionState, cause: Exception | None, since: int) -> None:
+        """Wait until the session's restarted aligner is up, then replay the log of calls to it
+        (``cause``: the failed call, None: a call answered ``NEEDS_RESUME``; ``since``: the log index
+        of the first call that failed). A dead aligner that Ray cannot restart any more fails the
+        run here, as soon as it is noticed."""
+        from modalign.pipeline.actors import ALIGNER_RESTARTS
+
+        sid = st.session.manifest.session_id
+        what = f"the aligner of session {sid}"
+        with st.align_lock:
+            for _ in range(ALIGNER_RESTARTS + 1):
+                held = self._aligner_up(st, what)
+                if not held and (cause is None or since < st.align_resumed_at):
+                    return  # resumed already, with a log that holds the failed calls
+                replay = list(st.align_log)
+                res = self._get(st.aligner.resume.remote(replay), what, on_death=lambda exc: exc)
+                if isinstance(res, Exception):  # it died again while replaying
+                    cause = res
+                    continue
+                st.align_resumed_at = len(replay)
+                self.progress(f"align {sid}: the aligner was restarted; resumed from its checkpoint after "
+                              f"{res['restored_parts'] or 0} part(s), {res['replayed_parts']} event part(s) re-read "
+                              "from OUT")
+                return
+        raise EnvironmentFaultError(f"{what} kept dying while it was resumed: check the machine's memory and the Ray "
+                                    "logs, then re-run")
+
+    @staticmethod
+    def _aligner_up(st: _SessionState, what: str, timeout_s: float = 300.0) -> bool:
+        """Wait until the aligner answers; whether it is held (restarted, waiting for its log)."""
+        import ray
+
+        from modalign.pipeline.actors import ALIGNER_RESTARTS
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return ray.get(st.aligner.held.remote(), timeout=max(1.0, deadline - time.monotonic()))
+            except ray.exceptions.ActorUnavailableError:  # still restarting
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):  # restarts used up
+                break
+        raise EnvironmentFaultError(f"{what} died and cannot be restarted (at most {ALIGNER_RESTARTS} restarts): the "
+                                    "run cannot finish honestly; check the machine's memory and the Ray logs, then "
+                                    "re-run") from None
+
+    def _finish_aligner(self, st: _SessionState) -> dict:
+        """The session's last part and summary from its aligner (resumed first if it restarted)."""
+        from modalign.pipeline.actors import ALIGNER_RESTARTS
+
+        what = f"the aligner of session {st.session.manifest.session_id}"
+        for _ in range(ALIGNER_RESTARTS + 2):
+            res = self._get(st.aligner.finish.remote(), what, on_death=lambda exc: exc)
+            if isinstance(res, dict):
+                return res
+            self._resume_aligner(st, res if isinstance(res, Exception) else None, len(st.align_log))
+        raise EnvironmentFaultError(f"{what} kept restarting before it could finish; check the Ray logs, then re-run")
+
     def _collect(self, st: _SessionState, results: list) -> None:
         import ray
 
         refs = [r for r in results if isinstance(r, ray.ObjectRef)]
-        if refs:  # aligner and embedder calls: their actors hold the run's state
-            results = [r for r in results if not isinstance(r, ray.ObjectRef)] + self._get(
-                refs, "an aligner or the embed actor")
+        results = [r for r in results if not isinstance(r, ray.ObjectRef)]
+        with st.align_lock:
+            align = [r for r in refs if r in st.align_refs]
+        if align:
+            self._collect_aligner(st, align)
+            gone = set(align)
+            refs = [r for r in refs if r not in gone]
+        if refs:  # embedder calls: the embed actor holds the run's state
+            results += self._get(refs, "the embed actor")
         for r in results:
             if isinstance(r, dict) and "granularities" in r:
                 with self._lock:
@@ -554,8 +682,8 @@ class Runner:
         for path, row, rows in ((self.layout.quarantine(sid, self.attempt), QuarantineRow, st.quarantine),
                                 (self.layout.lineage_sources(sid, self.attempt), SourceLineageRow, st.lineage)):
             with storage_faults(path):
-                write_table(path, rows_to_table(row, [r.model_dump(mode="json") for r in rows]))
-            if rows:
+                written = self.layout.write_table(path, rows_to_table(row, [r.model_dump(mode="json") for r in rows]))
+            if written is not None:
                 st.files.add(self.layout.relative(path))
         self.counts["quarantined"] += len(st.quarantine)
         for row in st.quarantine:
@@ -636,7 +764,9 @@ def build_indexes(layout: OutputLayout, feature_files: list[str], attempt: str) 
 
     built = []
     for (model, gran), files in sorted(layout.feature_groups(feature_files).items()):
-        t = ds.dataset([str(layout.root / f) for f in files], format="parquet").to_table(columns=["feature_id", "vector", "dim"])
+        with layout.faults(layout.path(f"features/{model}/{gran}"), "read"):
+            t = ds.dataset([str(layout.path(f)) for f in files], format="parquet", filesystem=layout.fs).to_table(
+                columns=["feature_id", "vector", "dim"])
         if t.num_rows == 0:
             continue
         dim = t.column("dim")[0].as_py()
@@ -644,8 +774,10 @@ def build_indexes(layout: OutputLayout, feature_files: list[str], attempt: str) 
         index = FeatureIndex(dim)
         index.add(t.column("feature_id").to_numpy(), vecs)
         path = layout.index(model, gran, attempt)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        index.save(path)
+        if layout.is_s3:
+            layout.write_bytes(path, index.to_bytes())
+        else:
+            index.save(path)
         built.append({"model_id": model, "granularity": gran, "vectors": t.num_rows, "dim": dim,
                       "path": layout.relative(path)})
     return built
@@ -673,5 +805,5 @@ def run(input_path: str | PathLike, out: str | PathLike, config: Any = None,
         progress: Callable[[str], None] | None = None) -> dict:
     """``modalign run``: the batch job (see ``modalign.run``)."""
     source = input_path if isinstance(input_path, str) else Path(input_path)  # a path, or s3://bucket/prefix
-    return Runner(resolve_config(config), Path(out), progress).run(source)
+    return Runner(resolve_config(config), out if isinstance(out, str) else Path(out), progress).run(source)
 

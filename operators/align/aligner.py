@@ -37,6 +37,8 @@ events within the horizon of undecided ticks are kept (plus the page on show), s
 is bounded by the lateness window and the batch size, not by the session length; with
 ``retain=False`` the emitted tables are handed out by ``poll()`` and not kept either.
 Residual percentiles come from a fixed 10 us histogram per source for the same reason.
+``state()`` / ``from_state()`` carry that streaming state (ids, times, counters; no payload)
+as JSON-able values, so a caller can checkpoint after a ``poll()`` and continue elsewhere.
 
 Drift (``modalign.operators.align.drift``): the largest pairwise difference of the
 sources' measured-minus-mapped clock offsets, from ``observe_offsets``.
@@ -72,6 +74,7 @@ from modalign.schemas.units import NS_PER_MS
 DEFAULT_ALLOWED_LATENESS_MS = 2000.0
 CHUNK_TICKS = 8192  # ticks decided per step: bounds temporary arrays
 _INF = float("inf")
+STATE_VERSION = 1  # of ``TickAligner.state()``
 
 
 @dataclass
@@ -273,6 +276,47 @@ class TickAligner(Operator[AlignConfig]):
         self._emit(final=False)
         return self._take_pending()
 
+    def ready_ticks(self) -> int:
+        """How many ticks ``poll()`` would decide now (nothing is decided)."""
+        return max(0, self._decidable(final=False)[0] - self._next_tick)
+
+    @property
+    def next_tick(self) -> int:
+        """The first tick not yet decided (= ticks emitted so far)."""
+        return self._next_tick
+
+    def state(self) -> dict[str, Any]:
+        """The streaming state as JSON-able values (ids, times, counters; no payload), taken
+        right after a ``poll()``: what ``from_state`` needs to continue exactly from here.
+
+        Only for ``retain=False`` aligners (kept tables are output, not state)."""
+        if self.retain:
+            raise ValueError("state() is for retain=False aligners: their output was handed out by poll()")
+        if self._pending_records or self._pending_ctal or self._pending_alarms:
+            raise ValueError("state() with decided ticks not yet handed out: call poll() first")
+        return dict(
+            version=STATE_VERSION, session_id=self.session_id, trace_id=self.trace_id,
+            allowed_lateness_ns=self.allowed_lateness_ns, next_tick=self._next_tick, expected=sorted(self._expected),
+            finished=self._finished, late_seq=self._ctal.late_seq, drift_run=self._drift_runs.open_run,
+            sources=[s.state() for s in self._sources.values()],
+        )
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], config: AlignConfig | None = None) -> "TickAligner":
+        """A ``retain=False`` aligner continuing from ``state()`` (same config as when it was taken)."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"aligner state version {state.get('version')!r}, expected {STATE_VERSION}")
+        al = cls(state["session_id"], config, allowed_lateness_ms=state["allowed_lateness_ns"] / NS_PER_MS,
+                 retain=False, trace_id=state["trace_id"], expected_sources=state["expected"])
+        al.allowed_lateness_ns = int(state["allowed_lateness_ns"])
+        now = time.monotonic()
+        al._sources = {s["source_id"]: SourceState.from_state(s, last_add=now) for s in state["sources"]}
+        al._next_tick = al._pending_start = int(state["next_tick"])
+        al._finished = bool(state["finished"])
+        al._ctal.late_seq = int(state["late_seq"])
+        al._drift_runs.open_run = state["drift_run"]
+        return al
+
     def finish(self) -> AlignResult:
         """Decide the remaining ticks (every source is treated as finished) and return the session."""
         if not self._finished:
@@ -315,20 +359,23 @@ class TickAligner(Operator[AlignConfig]):
     def _watermark(self, s: SourceState) -> float:
         return s.watermark(self.allowed_lateness_ns)
 
-    def _emit(self, final: bool) -> None:
+    def _decidable(self, final: bool) -> tuple[int, int]:
+        """(end of the ticks decidable now, the timeline's tick count so far); end <= next tick: none."""
         if not self._sources or (not final and not self._expected.issubset(self._sources)):
-            return
+            return self._next_tick, 0
         n_cap = self.grid.count_below(self.session_end_ns(final=final))
         if final:
-            k_end = n_cap
-        else:
-            limit = min(self._watermark(s) - s.horizon_ns for s in self._sources.values())
-            all_done = all(s.finished for s in self._sources.values())
-            k_lim = n_cap if limit == _INF else min(self.grid.count_below(limit), n_cap)
-            # Unless the session end is final, leave room for the neighbouring ticks a point
-            # match looks at: they must exist in the final timeline too.
-            ctx = max((s.ctx_ticks for s in self._sources.values()), default=0)
-            k_end = k_lim if all_done else min(k_lim, n_cap - ctx)
+            return n_cap, n_cap
+        limit = min(self._watermark(s) - s.horizon_ns for s in self._sources.values())
+        all_done = all(s.finished for s in self._sources.values())
+        k_lim = n_cap if limit == _INF else min(self.grid.count_below(limit), n_cap)
+        # Unless the session end is final, leave room for the neighbouring ticks a point
+        # match looks at: they must exist in the final timeline too.
+        ctx = max((s.ctx_ticks for s in self._sources.values()), default=0)
+        return (k_lim if all_done else min(k_lim, n_cap - ctx)), n_cap
+
+    def _emit(self, final: bool) -> None:
+        k_end, n_cap = self._decidable(final)
         if k_end <= self._next_tick:
             return
         for s in self._sources.values():

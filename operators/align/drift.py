@@ -90,6 +90,19 @@ class DriftRuns:
             i = j
         return closed
 
+    @property
+    def open_run(self) -> dict | None:
+        """The run still open (JSON-able), part of the aligner's state."""
+        if self._run is None:
+            return None
+        r = self._run
+        return dict(start=int(r["start"]), start_t=int(r["start_t"]), end=int(r["end"]), end_t=int(r["end_t"]),
+                    max=float(r["max"]), pair=[str(x) for x in r["pair"]])
+
+    @open_run.setter
+    def open_run(self, run: dict | None) -> None:
+        self._run = None if run is None else dict(run)
+
     def close(self) -> list[dict]:
         """Close the open run: its alarm row if long enough (none otherwise)."""
         run, self._run = self._run, None

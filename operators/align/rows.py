@@ -69,7 +69,7 @@ class CtalRows:
     def __init__(self, session_id: str, trace_id: str) -> None:
         self.session_id = session_id
         self.trace_id = trace_id
-        self._late_seq = 0  # numbers late-event rows across the session
+        self.late_seq = 0  # numbers late-event rows across the session (part of the aligner's state)
 
     def table(self, srcs, ticks_idx, t_ns, offsets, decision, reasons, event_ids) -> pa.Table:
         """Rows at ticks ``ticks_idx``; ``offsets`` is (values, mask), rows x sources."""
@@ -125,8 +125,8 @@ class CtalRows:
                    for e, x, kk in zip(ids.tolist(), t.tolist(), k.tolist())]
         eids = []
         for _ in range(n):
-            eids.append(f"{self.session_id}/ctal/late/{s.source_id}/{self._late_seq}")
-            self._late_seq += 1
+            eids.append(f"{self.session_id}/ctal/late/{s.source_id}/{self.late_seq}")
+            self.late_seq += 1
         return self.table(srcs, k, tk, (off, mask), "late", reasons, eids)
 
     def drift(self, srcs, k0, ticks, mat, spread, threshold_ms: float) -> pa.Table | None:

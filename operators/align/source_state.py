@@ -115,6 +115,39 @@ class SourceState:
             if self.is_pdf:
                 self.end = self.end[i:].copy()
 
+    def state(self) -> dict[str, Any]:
+        """This source as JSON-able values (buffered ids and times, counters, the sparse histogram)."""
+        self.merge()
+        self.flush_hist()
+        nz = np.flatnonzero(self.hist)
+        return dict(
+            source_id=self.source_id, modality=self.modality, lineage=self.lineage,
+            clock=self.clock.model_dump(mode="json"), tol_ns=self.tol_ns, horizon_ns=self.horizon_ns,
+            ctx_ticks=self.ctx_ticks, hist_bins=self.hist_bins, t=self.t.tolist(), ids=[str(x) for x in self.ids],
+            end=self.end.tolist(), max_t=self.max_t, expected_end=self.expected_end,
+            explicit_wm=None if self.explicit_wm == _NEG_INF else self.explicit_wm, finished=self.finished,
+            timed_out=self.timed_out, latency_ms=self.latency_ms, matched=self.matched, gaps=self.gaps,
+            late=self.late, res_max_ns=self.res_max_ns, hist=[nz.tolist(), self.hist[nz].tolist()],
+            obs_raw=[list(w) for w in self.obs_raw], median_of=self.median_of,
+        )
+
+    @classmethod
+    def from_state(cls, d: dict[str, Any], *, last_add: float) -> "SourceState":
+        """The source ``state()`` described."""
+        hist = np.zeros(int(d["hist_bins"]), np.int64)
+        hist[np.asarray(d["hist"][0], np.int64)] = np.asarray(d["hist"][1], np.int64)
+        return cls(
+            d["source_id"], d["modality"], dict(d["lineage"]), ClockMapping.model_validate(d["clock"]),
+            tol_ns=int(d["tol_ns"]), horizon_ns=int(d["horizon_ns"]), ctx_ticks=int(d["ctx_ticks"]),
+            hist_bins=len(hist), t=np.asarray(d["t"], np.int64), ids=np.array(d["ids"], object),
+            end=np.asarray(d["end"], np.int64), max_t=d["max_t"], expected_end=d["expected_end"],
+            explicit_wm=_NEG_INF if d["explicit_wm"] is None else float(d["explicit_wm"]),
+            finished=bool(d["finished"]), timed_out=bool(d["timed_out"]), last_add=last_add,
+            latency_ms=float(d["latency_ms"]), matched=int(d["matched"]), gaps=int(d["gaps"]), late=int(d["late"]),
+            res_max_ns=int(d["res_max_ns"]), hist=hist, obs_raw=[(int(t), int(o)) for t, o in d["obs_raw"]],
+            median_of=int(d["median_of"]),
+        )
+
     def count_residuals(self, abs_res: np.ndarray) -> None:
         """Add matched ticks' |residual| (ns) to the max and the histogram (order-independent)."""
         self.res_max_ns = max(self.res_max_ns, int(abs_res.max()))
