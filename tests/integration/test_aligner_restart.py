@@ -1,6 +1,6 @@
 """The driver and a real aligner actor: a killed aligner is resumed from its checkpoint and the
 driver's log of calls (same rows as a writer that never died); one Ray cannot restart any more
-fails the run at the next call, not at the end."""
+fails the run at the next call, not at the end. And the timeline writer on a real S3 OUT."""
 
 from __future__ import annotations
 
@@ -134,3 +134,65 @@ def test_a_killed_aligner_is_resumed_and_a_dead_one_fails_at_once(ray_local, tmp
     ref = runner2._align(st2, ("register", "mic", "audio", _lineage("mic"), ClockMapping()))
     with pytest.raises(EnvironmentFaultError, match="the aligner of session s died and cannot be restarted"):
         runner2._collect(st2, [ref])
+
+
+def test_parts_and_checkpoint_on_an_s3_out_resume_to_the_same_rows(tmp_path, monkeypatch):
+    """The same writer over a real S3 store (SeaweedFS): parts and the checkpoint are objects, a
+    restarted writer reads the checkpoint and re-reads event parts from the store, and the sweep
+    of the commit removes the checkpoint."""
+    import uuid
+
+    from s3server import s3_server
+
+    from modalign.pipeline.commits import sweep
+
+    config = RunConfig.model_validate({"align": {"part_s": 1.0}})
+    with s3_server(tmp_path / "s3") as s3:
+        for var in [v for v in os.environ if v.startswith("AWS_")]:
+            monkeypatch.delenv(var)
+        monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+        for var, value in s3.env().items():
+            monkeypatch.setenv(var, value)
+        layout = OutputLayout.of(f"s3://{s3.bucket}/tl-{uuid.uuid4().hex[:8]}")
+        log, events = [("register", sid, mod, _lineage(sid), ClockMapping()) for sid, (mod, _) in SOURCES.items()], []
+        seq = dict.fromkeys(SOURCES, 0)
+        for sid, table in _parts():
+            path = layout.events(SOURCES[sid][1], "s", sid, "0123456789ab", seq[sid])
+            layout.write_table(path, table)
+            events.append(layout.relative(path))
+            log.append(("add", sid, seq[sid], layout.relative(path), 1.0, table))
+            seq[sid] += 1
+        log += [("finish_source", sid, None) for sid in SOURCES]
+
+        def call(w, entry):
+            kind, sid, *args = entry
+            return w.add(sid, args[3], args[2], args[0]) if kind == "add" else getattr(w, kind)(sid, *args)
+
+        first = TimelineWriter("s", config, layout, "0123456789ab", list(SOURCES))
+        for entry in log[:15]:
+            call(first, entry)
+        assert first.parts >= 2 and layout.exists(first.checkpoint_path)
+        second = TimelineWriter("s", config, layout, "0123456789ab", list(SOURCES), restarted=True)
+        assert second.restored_parts == first.parts
+        info = second.resume([e[:5] if e[0] == "add" else e for e in log[:15]])
+        assert info["replayed_parts"] >= 1
+        for entry in log[15:]:
+            call(second, entry)
+        got = second.finish()
+
+        local = OutputLayout(tmp_path / "local")
+        clean = TimelineWriter("s", config, local, "0123456789ab", list(SOURCES))
+        for entry in log:
+            call(clean, entry)
+        expected = clean.finish()
+        assert got["files"] == expected["files"]
+        for f in expected["files"]:
+            data = layout.read_bytes(layout.path(f))
+            if f.endswith(".jsonl"):
+                assert data == local.path(f).read_bytes(), f
+            else:
+                assert pq.read_table(pa.BufferReader(data)).equals(pq.read_table(local.path(f))), f
+
+        assert sweep(layout.store, set(got["files"]) | set(events), layout.data_folders()) == 1
+        assert not layout.exists(second.checkpoint_path)
