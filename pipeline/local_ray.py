@@ -109,6 +109,27 @@ def start_local_ray(num_cpus: int, temp_dir: Path) -> None:
             "runtime.address")
 
 
+def join_ray(address: str) -> None:
+    """Join the running Ray cluster at ``address`` (``auto``, ``HOST:PORT``).
+
+    A cluster whose nodes were started on loopback (``ray start --node-ip-address 127.0.0.1``:
+    one machine, nothing on the network) listens only there, but ``ray.init`` would swap
+    ``127.0.0.1`` for the host's routable IP and wait for a GCS that is not there; so for a
+    loopback address this driver keeps it, and joins as a loopback node too."""
+    import ray
+
+    host = address.rpartition(":")[0].strip("[]")
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        ray.init(address=address, log_to_driver=False)
+        return
+    with _ray_clusters_disabled():
+        ray.init(address=address, log_to_driver=False, _node_ip_address=LOOPBACK)
+
+
 @contextmanager
 def _ray_clusters_disabled() -> Iterator[None]:
     """What ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` does, for a Ray that is already imported:

@@ -747,7 +747,9 @@ def init_ray(rt: RuntimeConfig) -> int:
     if ray.is_initialized():
         return int(ray.cluster_resources().get("CPU", 1))
     if rt.address:
-        ray.init(address=rt.address, log_to_driver=False)
+        from modalign.pipeline.local_ray import join_ray
+
+        join_ray(rt.address)
     else:  # loopback only, in the private temp folder, after reaping what killed runs left there
         from modalign.pipeline.local_ray import start_local_ray
 
