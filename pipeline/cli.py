@@ -105,7 +105,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     metrics = _metrics(args, WATCH_PORT)
     watch = Watch(config, listing_for(args.input, args.out, config), args.out, interval_s=args.interval,
                   settle_s=args.settle, max_in_flight=args.max_in_flight, once=args.once, progress=_progress,
-                  report_every_s=args.report_every, metrics=metrics)
+                  report_every_s=args.report_every, metrics=metrics, lease_wait_s=args.lease_wait)
     try:
         status = watch.run(handle_signals=True)
     finally:
@@ -244,6 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-in-flight", type=int, default=1, metavar="N",
                     help="sessions processed (and committed) together at most (default 1)")
     sp.add_argument("--once", action="store_true", help="process what is ready now, then exit (tests, cron)")
+    sp.add_argument("--lease-wait", type=float, default=0.0, metavar="S",
+                    help="if another writer holds OUT, wait up to S seconds for its lease to be released or to go "
+                         "stale (a watch restarted after a kill: its old lease goes stale after runtime.lease_ttl_s); "
+                         "default 0: refuse at once")
     sp.add_argument("--report-every", type=float, default=60.0, metavar="S",
                     help="seconds between status lines while idle (default 60)")
     sp.add_argument("--address", help="Ray cluster address (e.g. auto); default: a local Ray")

@@ -78,8 +78,14 @@ class Lease:
     """The lease ``name`` of the folder ``store`` serves; use as a context manager."""
 
     def __init__(self, store: Store, run_id: str, *, ttl_s: float = DEFAULT_TTL_S, name: str = "out",
-                 on_lost: Callable[[OutputLockedError], None] | None = None, writer: str = "run") -> None:
+                 on_lost: Callable[[OutputLockedError], None] | None = None, writer: str = "run",
+                 wait_s: float = 0.0, on_wait: Callable[[OutputLockedError], None] | None = None,
+                 cancel: threading.Event | None = None) -> None:
+        """``wait_s``: how long ``acquire`` waits for a held lease to be released or to go stale
+        (``on_wait`` is told each time it finds it held; ``cancel`` set ends the wait), instead
+        of raising at once: a watch restarted after a kill outlives its own dead lease."""
         self.store = store
+        self.wait_s, self.on_wait, self.cancel = wait_s, on_wait, cancel
         self.run_id = run_id
         self.writer = writer
         self.ttl_s = ttl_s
@@ -105,6 +111,19 @@ class Lease:
 
     # -- life cycle ------------------------------------------------------------------------
     def acquire(self) -> "Lease":
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                return self._acquire_once()
+            except OutputLockedError as exc:
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.cancel is not None and self.cancel.is_set()):
+                    raise
+                if self.on_wait is not None:
+                    self.on_wait(exc)
+                (self.cancel or threading.Event()).wait(min(left, 2.0))
+
+    def _acquire_once(self) -> "Lease":
         for _ in range(5):  # lose a race for a generation a few times at most
             now = time.time()
             cur = self.current()

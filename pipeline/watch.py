@@ -112,7 +112,7 @@ class Watch:
     def __init__(self, config: RunConfig, listing: Listing, out: Path, *, interval_s: float = 5.0,
                  settle_s: float = 10.0, max_in_flight: int = 1, once: bool = False,
                  progress: Callable[[str], None] | None = None, report_every_s: float = 60.0,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, lease_wait_s: float = 0.0) -> None:
         if interval_s <= 0 or settle_s < 0 or max_in_flight < 1:
             raise ConfigError(f"watch: --interval must be > 0 (got {interval_s}), --settle >= 0 (got {settle_s}), "
                               f"--max-in-flight >= 1 (got {max_in_flight})")
@@ -122,6 +122,7 @@ class Watch:
         self.out: Path | str = layout.uri if layout.is_s3 else Path(layout.root).absolute()
         self.layout = layout if layout.is_s3 else OutputLayout(self.out)
         self.interval_s, self.settle_s, self.max_in_flight, self.once = interval_s, settle_s, max_in_flight, once
+        self.lease_wait_s = lease_wait_s  # a held lease: wait this long for it (a restarted watch), then refuse
         self.progress = progress or (lambda msg: log.info(msg))
         self.report_every_s = report_every_s
         self.metrics = metrics or Metrics()  # the CLI serves it (``--metrics-port``)
@@ -131,6 +132,7 @@ class Watch:
         self._wake = threading.Event()
         self._handle_signals = False
         self._signals = 0  # stop requests so far: 1 drains, 2 abandons
+        self._said_waiting = False  # for OUT's lease
         self._runner: Runner | None = None
         self._lost: OutputLockedError | None = None
         self.seen: dict[str, tuple[str, float]] = {}  # key -> (version, stable since)
@@ -163,6 +165,11 @@ class Watch:
         os.write(2, msg.encode())  # not print(): a signal handler may interrupt a print
         self.stop()
 
+    def _waiting_for_lease(self, exc: OutputLockedError) -> None:
+        if not self._said_waiting:
+            self._said_waiting = True
+            self.progress(f"watch: waiting up to {self.lease_wait_s:g} s for the lease: {exc.message}")
+
     def _lease_lost(self, exc: OutputLockedError) -> None:
         self._lost = exc
         if self._runner is not None:
@@ -180,7 +187,8 @@ class Watch:
         self._handle_signals = handle_signals
         try:
             with Lease(self.layout.store, self.watch_id, ttl_s=self.config.runtime.lease_ttl_s,
-                       on_lost=self._lease_lost, writer="watch") as lease:
+                       on_lost=self._lease_lost, writer="watch", wait_s=self.lease_wait_s,
+                       on_wait=self._waiting_for_lease, cancel=self._wake) as lease:
                 if lease.took_over is not None:
                     self.progress(f"took over the lease of OUT from {lease.took_over.holder}, which stopped")
                 self.committed = committed_versions(self.out, self.config.storage)

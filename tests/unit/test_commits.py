@@ -172,3 +172,22 @@ def test_a_commit_of_a_newer_format_is_refused_not_misread(tmp_path):
                                 json.dumps({"format": 99, "version": 1}).encode())
     with pytest.raises(ConfigError, match="newer modalign \\(format 99"):
         CommitLog.of(tmp_path).latest()
+
+
+def test_a_lease_can_wait_for_its_holder_to_release_it(tmp_path):
+    store = LocalStore(tmp_path)
+    holder = Lease(store, "a" * 32).__enter__()
+    with pytest.raises(OutputLockedError, match="being written by"):
+        Lease(store, "b" * 32).acquire()  # wait_s 0: refused at once
+    threading.Timer(0.5, holder.release).start()
+    told = []
+    waiter = Lease(store, "c" * 32, wait_s=30, on_wait=told.append)
+    t = time.monotonic()
+    with waiter:
+        assert waiter.record.run_id == "c" * 32 and 0.4 < time.monotonic() - t < 10
+    assert told and "being written by" in told[0].message
+    cancel = threading.Event()
+    with Lease(store, "d" * 32):
+        threading.Timer(0.3, cancel.set).start()
+        with pytest.raises(OutputLockedError):  # a stop request ends the wait
+            Lease(store, "e" * 32, wait_s=30, cancel=cancel).acquire()
