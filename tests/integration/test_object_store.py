@@ -20,7 +20,7 @@ import time
 import uuid
 
 import pytest
-from s3server import s3_server
+from s3server import s3_server, use_aws_env
 
 from modalign.pipeline.commits import CommitLog
 from modalign.pipeline.lease import Lease, LeaseRecord
@@ -42,13 +42,7 @@ def s3(tmp_path_factory):
 @pytest.fixture
 def aws_env(s3, monkeypatch):
     """The server through the standard AWS variables only (endpoint, credentials, region)."""
-    for var in [v for v in os.environ if v.startswith("AWS_")]:
-        monkeypatch.delenv(var)
-    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
-    for var, value in s3.env().items():
-        monkeypatch.setenv(var, value)
-    return s3
+    return use_aws_env(monkeypatch, s3)
 
 
 @pytest.fixture

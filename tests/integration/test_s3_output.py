@@ -24,7 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from clips import write_clip, write_tone
-from s3server import s3_server
+from s3server import s3_server, use_aws_env
 
 import modalign
 from modalign.pipeline.commits import CommitLog
@@ -67,13 +67,7 @@ def s3(tmp_path_factory):
 @pytest.fixture
 def aws(s3, monkeypatch):
     """The server's credentials through the standard AWS variables (the endpoint: per test)."""
-    for var in [v for v in os.environ if v.startswith("AWS_")]:
-        monkeypatch.delenv(var)
-    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
-    for var, value in s3.env().items():
-        monkeypatch.setenv(var, value)
-    return s3
+    return use_aws_env(monkeypatch, s3)
 
 
 @pytest.fixture(scope="module")
