@@ -43,9 +43,21 @@ stays to the end is covered too (the worker calls it after the source's last bat
 new frame shape within a stream ends a segment the same way (its frames come out with the
 next call). ``reset()`` drops what is held (withheld, never emitted raw).
 
+Reuse. Before a sample is OCRed, its grayscale thumbnail (means of 4x4 px cells) is compared
+with that of the stream's last sample actually OCRed: when no cell changed by
+``reuse_threshold`` or more (video compression noise moves a cell by a few levels, a changed
+letter of 13 px text by ~60), the content is taken as the same and that sample's words are
+used again (same words, same boxes; detection runs on the pair as always). Any cell over the
+threshold, anywhere in the frame, means a new OCR, which becomes the reference: slow drift
+cannot add up unseen. The reference belongs to the stream like ``last_step`` (and restarts
+with a new frame shape), so output stays byte-identical for any batching. ``reuse_threshold``
+0 OCRs every sample; the detector name says ``/reuse<N`` when reuse is on.
+
 Residual risk: text shown for less than ``1 / ocr_fps`` can fall between two samples and
 leak, and so can text tesseract does not read in any sample (very small, low-contrast,
-rotated or stylised text) or that ``find_pii`` does not recognise as personal data. A box
+rotated or stylised text) or that ``find_pii`` does not recognise as personal data, and, with
+reuse on, a change smaller than ``reuse_threshold`` in every 4x4 cell (not a changed word of
+legible text, but e.g. one faint low-contrast glyph). A box
 covers the pixels where the text was OCRed: text that moves between two samples is covered
 only where the samples saw it.
 
@@ -86,6 +98,7 @@ TEXT_BOXES = "text_boxes"
 TEXT_DEID = "text_deid"
 METHOD = "blur_permute"
 MERGE_IOU = 0.5  # near-identical boxes of the two neighbouring samples become one
+REUSE_CELL = 4  # px side of a change-test cell: a changed letter of 13 px text moves a cell mean by ~60
 SALT_SUFFIX = "/frame_text"  # permutation salt = event_id + this (differs from the face boxes')
 
 BoxT = tuple[int, int, int, int, float]  # x0, y0, x1, y1 (frame pixels, end-exclusive), score
@@ -113,6 +126,11 @@ class FrameTextConfig(OperatorConfig):
     min_score: float = Field(_TEXT.min_score, ge=0.0, le=1.0, description="detector score threshold (TextPolicy)")
     min_scores: dict[TextEntity, float] = Field(default_factory=dict, description="per-kind thresholds")
     blur_sigma_ratio: float = Field(0.15, gt=0.0, le=1.0, description="Gaussian sigma / longer box side")
+    reuse_threshold: int = Field(
+        24, ge=0, le=255,
+        description="a sample whose grayscale thumbnail (4x4 px cell means) differs from the stream's last OCRed "
+                    "sample by less than this in every cell reuses that OCR; 0: every sample is OCRed",
+    )
     policy_tag: str = DEFAULT_POLICY_TAG
     secret: bytes | None = Field(
         None,
@@ -167,6 +185,7 @@ class _Stream:
     valid: list[bool] = field(default_factory=list)  # per held row
     boxes: list[list[BoxT]] = field(default_factory=list)  # per held row, gathered so far
     sample: _Sample | None = None  # the OCR of held row 0 (the last sample)
+    ref: tuple[np.ndarray, list] | None = None  # thumbnail and words of the last sample actually OCRed
 
 
 class FrameTextOperator(TableOperator[FrameTextConfig]):
@@ -178,7 +197,7 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
     Output: the same columns with ``frame`` in a new buffer where text was removed, plus
     ``text_boxes`` (list<Box>: boxes anonymised in that frame, padded, with the detector
     score) and ``text_deid`` (a DeidHeader: method ``blur_permute`` or ``keep``,
-    detector ``tesseract@<ver>+<text detector>``, count = boxes). ``deid`` (the faces')
+    detector ``tesseract@<ver>[/reuse<N]+<text detector>``, count = boxes). ``deid`` (the faces')
     is left as it is. Rows come out in stream order, held back until the next OCR sample is
     read: call ``flush()`` at the end of each stream for the rest (``keep`` holds nothing).
     """
@@ -248,7 +267,8 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
         if self.config.action == "keep":
             return "none"
         text = detector_name() if "person" in self.config.entities else RULES_VERSION
-        return f"tesseract@{self._tess_version}+{text}"
+        reuse = f"/reuse<{self.config.reuse_threshold}" if self.config.reuse_threshold else ""
+        return f"tesseract@{self._tess_version}{reuse}+{text}"
 
     def output_schema(self, input_schema: pa.Schema) -> pa.Schema:
         return region_schema(input_schema, TEXT_BOXES, TEXT_DEID)
@@ -303,7 +323,7 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
                 st = self._state = None
             elif not st.schema.equals(table.schema, check_metadata=False):
                 self._finish_segment()  # a new frame shape: the held frames end their segment
-                st.schema, st.last_step = table.schema, None  # the next segment starts at its first frame
+                st.schema, st.last_step, st.ref = table.schema, None, None  # the next segment starts afresh
         if st is None:
             st = self._state = _Stream(stream=stream, schema=table.schema)
         st.last_order = last if last is not None else st.last_order
@@ -369,7 +389,7 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
     def _read(self, rgb: np.ndarray, event_id: str, table: pa.Table) -> _Sample:
         """OCR one sample into its blocks' texts and word spans."""
         texts, spans = [], []
-        for block in _group_blocks(self._ocr(rgb, event_id, table)):
+        for block in _group_blocks(self._words(rgb, event_id, table)):
             text, sp = _block_text(block)
             texts.append(text)
             spans.append(sp)
@@ -388,6 +408,20 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
                 for span in pii:
                     out.extend(_span_boxes(sp, span.start, span.end, float(span.score), cfg.pad_px, w, h))
         return out
+
+    def _words(self, rgb: np.ndarray, event_id: str, table: pa.Table) -> list[tuple[tuple[int, int, int], OcrWord]]:
+        """The sample's words: those of the stream's last OCRed sample when no thumbnail cell
+        changed by ``reuse_threshold`` or more since it (see "Reuse"), else a new OCR."""
+        thr, st = self.config.reuse_threshold, self._state
+        if not thr or st is None:
+            return self._ocr(rgb, event_id, table)
+        thumb = change_thumbnail(rgb)
+        if st.ref is not None and st.ref[0].shape == thumb.shape and max_cell_change(st.ref[0], thumb) < thr:
+            return st.ref[1]
+        words = self._ocr(rgb, event_id, table)
+        st.ref = (thumb, words)
+        return words
+
     def _ocr(self, rgb: np.ndarray, event_id: str, table: pa.Table) -> list[tuple[tuple[int, int, int], OcrWord]]:
         """Words tesseract reads in one frame (boxes in frame pixels); ComplianceError if it fails."""
         cfg = self.config
@@ -475,6 +509,24 @@ def merge_boxes(boxes: list[BoxT]) -> list[BoxT]:
     return sorted(boxes)
 
 
+# -- the change test ------------------------------------------------------------------------
+def change_thumbnail(rgb: np.ndarray) -> np.ndarray:
+    """Grayscale (BT.601) means of ``REUSE_CELL`` x ``REUSE_CELL`` pixel cells, rounded, as int16
+    (differences do not wrap); a partial edge cell repeats the edge pixels, so every pixel counts."""
+    import cv2
+
+    gray = cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2GRAY)
+    h, w = gray.shape
+    ch, cw = -(-h // REUSE_CELL), -(-w // REUSE_CELL)
+    pad = np.pad(gray, ((0, ch * REUSE_CELL - h), (0, cw * REUSE_CELL - w)), mode="edge")
+    return pad.reshape(ch, REUSE_CELL, cw, REUSE_CELL).mean(axis=(1, 3), dtype=np.float32).round().astype(np.int16)
+
+
+def max_cell_change(a: np.ndarray, b: np.ndarray) -> int:
+    """The largest absolute difference between two thumbnails, over all cells."""
+    return int(np.abs(a - b).max()) if a.size else 0
+
+
 # -- OCR helpers ------------------------------------------------------------------------------
 def ocr_scale_for(w: int, h: int, scale: float, max_pixels: int) -> float:
     """``scale``, lowered so that the upscaled image has at most ``max_pixels``; never below 1."""
@@ -560,5 +612,5 @@ def _span_boxes(spans: list[tuple[int, int, int, OcrWord]], start: int, end: int
     return out
 
 
-__all__ = ["FrameTextConfig", "FrameTextOperator", "config_from_policy", "encode_pgm", "grid_step", "merge_boxes",
-           "ocr_scale_for", "parse_tsv", "sample_rows"]
+__all__ = ["FrameTextConfig", "FrameTextOperator", "change_thumbnail", "config_from_policy", "encode_pgm", "grid_step",
+           "max_cell_change", "merge_boxes", "ocr_scale_for", "parse_tsv", "sample_rows"]
