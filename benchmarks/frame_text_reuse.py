@@ -79,9 +79,9 @@ def run(tables: list[pa.Table], reuse: int) -> tuple[list[pa.Table], int, float,
     calls = [0]
     inner = op._ocr
 
-    def ocr(rgb, event_id, table):
+    def ocr(rgb, event_id, table, **kw):
         calls[0] += 1
-        return inner(rgb, event_id, table)
+        return inner(rgb, event_id, table, **kw)
 
     op._ocr = ocr  # type: ignore[method-assign]
     c0, w0 = cpu_s(), time.perf_counter()

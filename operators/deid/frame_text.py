@@ -47,10 +47,16 @@ Reuse. Before a sample is OCRed, its grayscale thumbnail (means of 4x4 px cells)
 with that of the stream's last sample actually OCRed: when no cell changed by
 ``reuse_threshold`` or more (video compression noise moves a cell by a few levels, a changed
 letter of 13 px text by ~60), the content is taken as the same and that sample's words are
-used again (same words, same boxes; detection runs on the pair as always). Any cell over the
-threshold, anywhere in the frame, means a new OCR, which becomes the reference: slow drift
-cannot add up unseen. The reference belongs to the stream like ``last_step`` (and restarts
-with a new frame shape), so output stays byte-identical for any batching. ``reuse_threshold``
+used again (same words, same boxes; detection runs on the pair as always). Where cells
+changed away from every word of the reference (a person moving through the room), only the
+part of the frame around them is OCRed (``reread_rect``: their bounding box with a 16 px
+margin, at the frame's OCR scale) and its words are added to the reference's; a change that
+touches a word of the reference (the slide changed) or covers over half the frame means a
+whole-frame OCR, as without reuse (tesseract reads a crop of a text area less well than the
+whole frame: it missed an e-mail address there). Re-read cells take the new thumbnail, the
+others keep the one they were last read at, so slow drift cannot add up unseen. The reference belongs to the stream like
+``last_step`` (and restarts with a new frame shape), so output stays byte-identical for any
+batching. ``reuse_threshold``
 0 OCRs every sample; the detector name says ``/reuse<N`` when reuse is on.
 
 Residual risk: text shown for less than ``1 / ocr_fps`` can fall between two samples and
@@ -99,6 +105,8 @@ TEXT_DEID = "text_deid"
 METHOD = "blur_permute"
 MERGE_IOU = 0.5  # near-identical boxes of the two neighbouring samples become one
 REUSE_CELL = 4  # px side of a change-test cell: a changed letter of 13 px text moves a cell mean by ~60
+REREAD_MARGIN_PX = 16  # context around the changed cells when only they are OCRed
+REREAD_MAX_PART = 0.5  # a changed rectangle over this part of the frame: the whole frame is OCRed
 SALT_SUFFIX = "/frame_text"  # permutation salt = event_id + this (differs from the face boxes')
 
 BoxT = tuple[int, int, int, int, float]  # x0, y0, x1, y1 (frame pixels, end-exclusive), score
@@ -416,16 +424,39 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
         if not thr or st is None:
             return self._ocr(rgb, event_id, table)
         thumb = change_thumbnail(rgb)
-        if st.ref is not None and st.ref[0].shape == thumb.shape and max_cell_change(st.ref[0], thumb) < thr:
-            return st.ref[1]
-        words = self._ocr(rgb, event_id, table)
-        st.ref = (thumb, words)
+        if st.ref is None or st.ref[0].shape != thumb.shape:
+            words = self._ocr(rgb, event_id, table)
+            st.ref = (thumb, words)
+            return words
+        ref_thumb, ref_words = st.ref
+        changed = np.abs(ref_thumb - thumb) >= thr
+        if not changed.any():
+            return ref_words
+        h, w = rgb.shape[:2]
+        x0, y0, x1, y1 = reread_rect(changed, w, h)
+        if (x1 - x0) * (y1 - y0) > REREAD_MAX_PART * w * h or _blocks_in(ref_words, (x0, y0, x1, y1)):
+            words = self._ocr(rgb, event_id, table)  # read text changed, or most of the frame: all of it again
+            st.ref = (thumb, words)
+            return words
+        scale = ocr_scale_for(w, h, self.config.ocr_scale, self.config.ocr_max_pixels)  # the frame's, not the crop's
+        kept = ref_words
+        base = 1 + max((k[0] for k, _ in kept), default=0)
+        read = [((base + b, p, ln), OcrWord(wd.text, wd.x0 + x0, wd.y0 + y0, wd.x1 + x0, wd.y1 + y0, wd.conf))
+                for (b, p, ln), wd in self._ocr(rgb[y0:y1, x0:x1], event_id, table, scale=scale)]
+        words = kept + read
+        new_thumb = ref_thumb.copy()  # cells outside the rectangle keep the reference they were last read at
+        c = REUSE_CELL
+        new_thumb[y0 // c : -(-y1 // c), x0 // c : -(-x1 // c)] = thumb[y0 // c : -(-y1 // c), x0 // c : -(-x1 // c)]
+        st.ref = (new_thumb, words)
         return words
 
-    def _ocr(self, rgb: np.ndarray, event_id: str, table: pa.Table) -> list[tuple[tuple[int, int, int], OcrWord]]:
-        """Words tesseract reads in one frame (boxes in frame pixels); ComplianceError if it fails."""
+    def _ocr(self, rgb: np.ndarray, event_id: str, table: pa.Table,
+             scale: float | None = None) -> list[tuple[tuple[int, int, int], OcrWord]]:
+        """Words tesseract reads in one frame or part of one (boxes in its pixels), upscaled by
+        ``scale`` (None: the frame's own, ``ocr_scale_for``); ComplianceError if it fails."""
         cfg = self.config
-        scale = ocr_scale_for(rgb.shape[1], rgb.shape[0], cfg.ocr_scale, cfg.ocr_max_pixels)
+        if scale is None:
+            scale = ocr_scale_for(rgb.shape[1], rgb.shape[0], cfg.ocr_scale, cfg.ocr_max_pixels)
         pgm = encode_pgm(rgb, scale)
         cmd = [self._tesseract or "tesseract", "stdin", "stdout", "-l", cfg.lang, "--psm", str(cfg.psm),
                "--dpi", str(int(round(72 * scale))), "tsv"]
@@ -520,6 +551,21 @@ def change_thumbnail(rgb: np.ndarray) -> np.ndarray:
     ch, cw = -(-h // REUSE_CELL), -(-w // REUSE_CELL)
     pad = np.pad(gray, ((0, ch * REUSE_CELL - h), (0, cw * REUSE_CELL - w)), mode="edge")
     return pad.reshape(ch, REUSE_CELL, cw, REUSE_CELL).mean(axis=(1, 3), dtype=np.float32).round().astype(np.int16)
+
+
+def reread_rect(changed: np.ndarray, w: int, h: int) -> tuple[int, int, int, int]:
+    """Pixel rectangle (x0, y0, x1, y1, on the cell grid, inside the frame) around the changed
+    cells: their bounding box, ``REREAD_MARGIN_PX`` wider on each side."""
+    ys, xs = np.nonzero(changed)
+    c, m = REUSE_CELL, REREAD_MARGIN_PX
+    return (max(0, (int(xs.min()) * c - m) // c * c), max(0, (int(ys.min()) * c - m) // c * c),
+            min(w, (int(xs.max()) + 1) * c + m), min(h, (int(ys.max()) + 1) * c + m))
+
+
+def _blocks_in(words: list[tuple[tuple[int, int, int], OcrWord]], rect: tuple[int, int, int, int]) -> set[int]:
+    """Blocks with a word touching ``rect``."""
+    x0, y0, x1, y1 = rect
+    return {k[0] for k, wd in words if wd.x0 < x1 and wd.x1 > x0 and wd.y0 < y1 and wd.y1 > y0}
 
 
 def max_cell_change(a: np.ndarray, b: np.ndarray) -> int:

@@ -37,9 +37,9 @@ def counted(reuse: int) -> tuple[FrameTextOperator, list[str]]:
     calls: list[str] = []
     inner = op._ocr
 
-    def ocr(rgb, event_id, table):
+    def ocr(rgb, event_id, table, **kw):
         calls.append(event_id)
-        return inner(rgb, event_id, table)
+        return inner(rgb, event_id, table, **kw)
 
     op._ocr = ocr  # type: ignore[method-assign]
     return op, calls
@@ -116,3 +116,50 @@ def test_output_byte_identical_for_any_batching_with_reuse_on():
         ocrs.append(list(calls))
     assert all(o.equals(outs[0]) for o in outs) and out_frames(outs[0]).tobytes() == out_frames(outs[-1]).tobytes()
     assert all(c == ["s1/cam/video/0", "s1/cam/video/13"] for c in ocrs), ocrs
+
+
+def with_box(img: np.ndarray, i: int, y: int, x0: int, dx: int) -> np.ndarray:
+    """``img`` with a 60x100 px dark block (a person) at ``x0 + dx * i``, rows ``y`` to ``y + 100``."""
+    out = img.copy()
+    out[y : y + 100, x0 + dx * i : x0 + dx * i + 60] = (90, 60, 40)
+    return out
+
+
+def test_a_moving_object_is_reread_alone_and_the_slide_words_kept():
+    slide = render(TEXT_A)
+    frames = [with_box(slide, i, 220, 380, 8) for i in range(N)]  # moves right through the room, below the panel
+    on, on_calls = counted(FrameTextConfig().reuse_threshold)
+    shapes: list[tuple[int, ...]] = []
+    inner = on._ocr
+    on._ocr = lambda rgb, e, t, **kw: (shapes.append(rgb.shape[:2]), inner(rgb, e, t, **kw))[1]  # type: ignore
+    off, _ = counted(0)
+    table = frames_table(frames)
+    got, ref = deid(on, table), deid(off, table)
+    assert shapes[0] == (360, 640) and len(shapes) == 5
+    assert all(h * w < 360 * 640 // 4 for h, w in shapes[1:]), shapes  # only around the moving block
+    assert out_frames(got).tobytes() == out_frames(ref).tobytes()
+    assert got.column("text_boxes").equals(ref.column("text_boxes"))
+
+
+def test_a_change_on_read_text_rereads_the_whole_frame():
+    """A change touching a word of the reference is not read from a crop (tesseract reads text
+    areas less well cropped): the block moving over the name line means a whole-frame OCR."""
+    slide = render(TEXT_A)
+    frames = [with_box(slide, i, 150, 240, 0) if i >= 7 else slide for i in range(N)]  # from row 7, on line 4
+    op, _ = counted(FrameTextConfig().reuse_threshold)
+    shapes: list[tuple[int, ...]] = []
+    inner = op._ocr
+    op._ocr = lambda rgb, e, t, **kw: (shapes.append(rgb.shape[:2]), inner(rgb, e, t, **kw))[1]  # type: ignore
+    deid(op, frames_table(frames))
+    assert shapes == [(360, 640), (360, 640)]  # row 0, row 7 (changed over text); rows 13, 19, 24 reuse row 7
+
+
+def test_reread_rect_and_the_words_it_touches():
+    word = ft.OcrWord
+    words = [((1, 1, 1), word("Hartmann", 145, 160, 226, 173, 90.0)), ((2, 1, 1), word("Budget", 30, 40, 90, 60, 90.0))]
+    changed = np.zeros((90, 160), bool)
+    changed[42, 50] = changed[44, 52] = True  # cells at x 200-204 and 208-212, y 168-172 and 176-180
+    assert ft.reread_rect(changed, 640, 360) == (184, 152, 228, 196)
+    assert ft._blocks_in(words, (184, 152, 228, 196)) == {1} and ft._blocks_in(words, (300, 200, 400, 300)) == set()
+    changed[0, 0] = changed[89, 159] = True
+    assert ft.reread_rect(changed, 640, 360) == (0, 0, 640, 360)
