@@ -122,6 +122,7 @@ def generate(out: Path, sessions: int = 1000, *, seed: int = 0, config: RunConfi
         lease.check()
         snap = CommitLog(lease.store).commit(None, run_id=run_id, sessions=committed,
                                              shared=[ix["path"] for ix in indexes], summary=summary)
+        lease.swept = True  # it wrote only what it committed, as a run leaves OUT after its sweep
     planted["commit"] = snap.version
     planted["run_id"] = run_id
     return planted

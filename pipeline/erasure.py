@@ -450,7 +450,8 @@ def erase(out: str | PathLike, *, subject: str | None = None, source: str | None
         base = commits.latest()
         if base is None:
             raise ConfigError(f"{root} has no commit: nothing to erase")
-        _recover(root, base, say)
+        _recover(root, base, say, walk=not lease.swept)
+        lease.swept = False  # from here the erasure writes into OUT
         with LineageStore(root) as store:
             plan = _plan(store, erased_sources(store, subject=subject, source=source, scope=scope,
                                                 registry=registry, key_store=key_store, mentions=mentions), attempt)
@@ -474,6 +475,7 @@ def erase(out: str | PathLike, *, subject: str | None = None, source: str | None
         write_json(layout.run_json, snap.summary)
         removed = _remove_replaced(root, [f["path"] for f in report["removed_files"]]
                                    + [ix["path"] for ix in report["indexes"]])
+        lease.swept = True  # it started from exactly the base commit's files and removed what it replaced
     say(f"erasure {erasure_id[:12]}: commit {snap.version}, {removed} old file(s) removed")
     return {**report, "report_path": str(root / _report_rel(erasure_id))}
 
@@ -482,11 +484,13 @@ def _report_rel(erasure_id: str) -> str:
     return f"{ERASURE}/{erasure_id}.json"
 
 
-def _recover(root: Path, base: Snapshot, say: Callable[[str], None]) -> None:
-    """What a crashed writer left (files no commit lists) goes; run.json is the commit's again."""
+def _recover(root: Path, base: Snapshot, say: Callable[[str], None], walk: bool = True) -> None:
+    """What a crashed writer left (files no commit lists) goes; run.json is the commit's again.
+    ``walk`` False: the lease says the data folders hold exactly ``base``'s files (``Lease.swept``),
+    so only the report and denylist folders are looked at (a run's sweep does not reach them)."""
     layout = OutputLayout(root)
     keep = base.files()
-    n = sweep(root, keep, layout.data_folders())
+    n = sweep(root, keep, layout.data_folders()) if walk else 0
     for folder in (ERASURE, DENYLIST):  # an erasure that died before its commit: its report and denylist entry
         d = root / folder
         for p in sorted(d.iterdir()) if d.is_dir() else []:

@@ -51,6 +51,7 @@ class LeaseRecord:
     ttl_s: float
     released: bool = False
     writer: str = "run"  # what holds it: run, watch, erasure, cache gc (for the messages)
+    swept: bool = False  # released by a writer that left OUT holding exactly the files of its commit
 
     @property
     def holder(self) -> str:
@@ -93,6 +94,11 @@ class Lease:
         self.on_lost = on_lost
         self.record: LeaseRecord | None = None
         self.took_over: LeaseRecord | None = None  # the stale record this lease replaced
+        # Whether OUT holds exactly the files of its latest commit, as far as this holder knows:
+        # at first, whether the previous holder said so when it released; a writer sets it False
+        # before it writes and True once its own sweep is done. True: the holder may skip the
+        # walk of OUT for what a crashed writer left.
+        self.swept = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -137,6 +143,7 @@ class Lease:
                               ttl_s=self.ttl_s, writer=self.writer)
             if self.store.create(self._key(rec.generation), json.dumps(asdict(rec)).encode()):
                 self.record, self.took_over = rec, (cur if cur is not None and not cur.released else None)
+                self.swept = cur is not None and cur.released and cur.swept
                 for old in self.records.numbers():
                     if old < rec.generation:
                         self.store.delete(self._key(old))
@@ -169,7 +176,7 @@ class Lease:
         except OutputLockedError:
             return  # taken over: the record is someone else's now
         self.store.put(self._key(self.record.generation),
-                       json.dumps(asdict(replace(self.record, released=True))).encode())
+                       json.dumps(asdict(replace(self.record, released=True, swept=self.swept))).encode())
         self.record = None
 
     def _beat(self) -> None:

@@ -162,7 +162,8 @@ class Runner:
         life. Returns the run summary; ``self.committed`` is the new commit."""
         commits = CommitLog(lease.store)
         base = commits.latest()
-        self._recover(base)
+        self._recover(base, walk=not lease.swept)
+        lease.swept = False  # from here this attempt writes into OUT
         self.denylist = Denylist.load(self.layout, base, self.key_store)  # erased sources and subjects
         self.lineage.start(sessions)
         committed = None
@@ -183,6 +184,7 @@ class Runner:
         with storage_faults(self.layout.run_json):
             self.layout.write_json(self.layout.run_json, summary)
         self._sweep(committed.files())
+        lease.swept = True
         return summary
 
     def _run(self, sessions: list[Session]) -> dict:
@@ -280,9 +282,10 @@ class Runner:
                       f"{len(sessions)} session(s) written, {len(carried)} kept")
         return snap
 
-    def _recover(self, base: Snapshot | None) -> None:
-        """Remove what crashed attempts left (files no commit lists) and restore run.json."""
-        removed = self._sweep(base.files() if base else set())
+    def _recover(self, base: Snapshot | None, walk: bool = True) -> None:
+        """Remove what crashed attempts left (files no commit lists) and restore run.json.
+        ``walk`` False: the lease says OUT holds exactly ``base``'s files (``Lease.swept``)."""
+        removed = self._sweep(base.files() if base else set()) if walk else 0
         if removed:
             self.progress(f"removed {removed} file(s) of an unfinished earlier run (not committed)")
         if base is not None:

@@ -191,3 +191,26 @@ def test_a_lease_can_wait_for_its_holder_to_release_it(tmp_path):
         threading.Timer(0.3, cancel.set).start()
         with pytest.raises(OutputLockedError):  # a stop request ends the wait
             Lease(store, "e" * 32, wait_s=30, cancel=cancel).acquire()
+
+
+def test_a_released_lease_says_whether_out_was_left_swept(tmp_path):
+    """A writer that released after its own sweep lets the next one skip the walk of OUT; a
+    holder that died (never released) or released without sweeping does not."""
+    store = LocalStore(tmp_path)
+    with Lease(store, "a" * 32) as first:
+        assert first.swept is False  # nobody held OUT before
+        first.swept = True  # its sweep is done
+    with Lease(store, "b" * 32) as second:
+        assert second.swept is True
+        second.swept = False  # it starts writing ...
+    with Lease(store, "c" * 32) as third:  # ... and released without having swept
+        assert third.swept is False
+        third.swept = True
+    dead = Lease(store, "d" * 32).acquire()  # holds it, then "dies": never released
+    dead.swept = True
+    taker = Lease(store, "e" * 32, ttl_s=0.01)
+    time.sleep(0.05)
+    rec = dead.current()
+    store.put(dead._key(rec.generation), json.dumps({**rec.__dict__, "heartbeat_at": 0.0}).encode())
+    with taker:
+        assert taker.took_over is not None and taker.swept is False
