@@ -48,11 +48,12 @@ with that of the stream's last sample actually OCRed: when no cell changed by
 ``reuse_threshold`` or more (video compression noise moves a cell by a few levels, a changed
 letter of 13 px text by ~60), the content is taken as the same and that sample's words are
 used again (same words, same boxes; detection runs on the pair as always). Where cells
-changed away from every word of the reference (a person moving through the room), only the
-part of the frame around them is OCRed (``reread_rect``: their bounding box with a 16 px
-margin, at the frame's OCR scale) and its words are added to the reference's; a change that
-touches a word of the reference (the slide changed) or covers over half the frame means a
-whole-frame OCR, as without reuse (tesseract reads a crop of a text area less well than the
+changed away from every block of read text of the reference (a person moving through the
+room), only the part of the frame around them is OCRed (``reread_rect``: their bounding box
+with a 16 px margin, at the frame's OCR scale) and its words replace the reference's stray
+marks there (tesseract "reads" ``>.`` or ``we'`` in a face; a block of text holds a word
+with 3 letters or digits in a row); a change that touches a block of text (the slide changed)
+or covers over half the frame means a whole-frame OCR, as without reuse (tesseract reads a crop of a text area less well than the
 whole frame: it missed an e-mail address there). Re-read cells take the new thumbnail, the
 others keep the one they were last read at, so slow drift cannot add up unseen. The reference belongs to the stream like
 ``last_step`` (and restarts with a new frame shape), so output stays byte-identical for any
@@ -106,6 +107,7 @@ METHOD = "blur_permute"
 MERGE_IOU = 0.5  # near-identical boxes of the two neighbouring samples become one
 REUSE_CELL = 4  # px side of a change-test cell: a changed letter of 13 px text moves a cell mean by ~60
 REREAD_MARGIN_PX = 16  # context around the changed cells when only they are OCRed
+_WORDLIKE = re.compile(r"[^\W_]{3}")
 REREAD_MAX_PART = 0.5  # a changed rectangle over this part of the frame: the whole frame is OCRed
 SALT_SUFFIX = "/frame_text"  # permutation salt = event_id + this (differs from the face boxes')
 
@@ -434,12 +436,12 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
             return ref_words
         h, w = rgb.shape[:2]
         x0, y0, x1, y1 = reread_rect(changed, w, h)
-        if (x1 - x0) * (y1 - y0) > REREAD_MAX_PART * w * h or _blocks_in(ref_words, (x0, y0, x1, y1)):
+        if (x1 - x0) * (y1 - y0) > REREAD_MAX_PART * w * h or _text_blocks_touch(ref_words, (x0, y0, x1, y1)):
             words = self._ocr(rgb, event_id, table)  # read text changed, or most of the frame: all of it again
             st.ref = (thumb, words)
             return words
         scale = ocr_scale_for(w, h, self.config.ocr_scale, self.config.ocr_max_pixels)  # the frame's, not the crop's
-        kept = ref_words
+        kept = [(k, wd) for k, wd in ref_words if not _touches(wd, (x0, y0, x1, y1))]  # stray marks: read again
         base = 1 + max((k[0] for k, _ in kept), default=0)
         read = [((base + b, p, ln), OcrWord(wd.text, wd.x0 + x0, wd.y0 + y0, wd.x1 + x0, wd.y1 + y0, wd.conf))
                 for (b, p, ln), wd in self._ocr(rgb[y0:y1, x0:x1], event_id, table, scale=scale)]
@@ -562,10 +564,20 @@ def reread_rect(changed: np.ndarray, w: int, h: int) -> tuple[int, int, int, int
             min(w, (int(xs.max()) + 1) * c + m), min(h, (int(ys.max()) + 1) * c + m))
 
 
-def _blocks_in(words: list[tuple[tuple[int, int, int], OcrWord]], rect: tuple[int, int, int, int]) -> set[int]:
-    """Blocks with a word touching ``rect``."""
-    x0, y0, x1, y1 = rect
-    return {k[0] for k, wd in words if wd.x0 < x1 and wd.x1 > x0 and wd.y0 < y1 and wd.y1 > y0}
+def _touches(wd: OcrWord, rect: tuple[int, int, int, int]) -> bool:
+    return wd.x0 < rect[2] and wd.x1 > rect[0] and wd.y0 < rect[3] and wd.y1 > rect[1]
+
+
+def _text_blocks_touch(words: list[tuple[tuple[int, int, int], OcrWord]], rect: tuple[int, int, int, int]) -> bool:
+    """Whether ``rect`` touches a block of read text: one holding a word with 3 letters or digits
+    in a row (tesseract also "reads" marks such as ``>.`` or ``we'`` in a face or a plant)."""
+    text = {k[0] for k, wd in words if _WORDLIKE.search(wd.text)}
+    boxes: dict[int, list[int]] = {}
+    for (b, _, _), wd in words:
+        if b in text:
+            bb = boxes.setdefault(b, [wd.x0, wd.y0, wd.x1, wd.y1])
+            bb[0], bb[1], bb[2], bb[3] = min(bb[0], wd.x0), min(bb[1], wd.y0), max(bb[2], wd.x1), max(bb[3], wd.y1)
+    return any(x0 < rect[2] and x1 > rect[0] and y0 < rect[3] and y1 > rect[1] for x0, y0, x1, y1 in boxes.values())
 
 
 def max_cell_change(a: np.ndarray, b: np.ndarray) -> int:

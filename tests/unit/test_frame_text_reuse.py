@@ -160,6 +160,9 @@ def test_reread_rect_and_the_words_it_touches():
     changed = np.zeros((90, 160), bool)
     changed[42, 50] = changed[44, 52] = True  # cells at x 200-204 and 208-212, y 168-172 and 176-180
     assert ft.reread_rect(changed, 640, 360) == (184, 152, 228, 196)
-    assert ft._blocks_in(words, (184, 152, 228, 196)) == {1} and ft._blocks_in(words, (300, 200, 400, 300)) == set()
+    assert ft._text_blocks_touch(words, (184, 152, 228, 196)) and not ft._text_blocks_touch(words, (300, 200, 400, 300))
+    marks = [((3, 1, 1), word(">.", 300, 220, 340, 240, 78.0)), ((4, 1, 1), word("we’", 500, 100, 560, 140, 66.0))]
+    assert not ft._text_blocks_touch(marks, (290, 210, 600, 250))  # stray marks in a face are no text
+    assert ft._text_blocks_touch([((3, 1, 1), word("by", 300, 220, 320, 240, 90.0))] + words[:1], (0, 150, 330, 200))
     changed[0, 0] = changed[89, 159] = True
     assert ft.reread_rect(changed, 640, 360) == (0, 0, 640, 360)
