@@ -47,18 +47,18 @@ Reuse. Before a sample is OCRed, its grayscale thumbnail (means of 4x4 px cells)
 with that of the stream's last sample actually OCRed: when no cell changed by
 ``reuse_threshold`` or more (video compression noise moves a cell by a few levels, a changed
 letter of 13 px text by ~60), the content is taken as the same and that sample's words are
-used again (same words, same boxes; detection runs on the pair as always). Where cells
-changed away from every block of read text of the reference (a person moving through the
-room), only the part of the frame around them is OCRed (``reread_rect``: their bounding box
-with a 16 px margin, at the frame's OCR scale) and its words replace the reference's stray
-marks there (tesseract "reads" ``>.`` or ``we'`` in a face; a block of text holds a word
-with 3 letters or digits in a row); a change that touches a block of text (the slide changed)
-or covers over half the frame means a whole-frame OCR, as without reuse (tesseract reads a crop of a text area less well than the
-whole frame: it missed an e-mail address there). Re-read cells take the new thumbnail, the
-others keep the one they were last read at, so slow drift cannot add up unseen. The reference belongs to the stream like
-``last_step`` (and restarts with a new frame shape), so output stays byte-identical for any
-batching. ``reuse_threshold``
-0 OCRs every sample; the detector name says ``/reuse<N`` when reuse is on.
+used again (same words, same boxes; detection runs on the pair as always). Where cells changed
+away from every block of read text of the reference (a person moving through the room), only
+the part of the frame around them is OCRed (``reread_rect``: their bounding box with a 16 px
+margin, at the frame's OCR scale) and its words replace the reference's stray marks there
+(tesseract "reads" ``>.`` or ``we'`` in a face; a block of text holds a word with 3 letters or
+digits in a row); a change that touches a block of text (the slide changed) or covers over
+half the frame means a whole-frame OCR, as without reuse (tesseract reads a crop of a text
+area less well than the whole frame: it missed an e-mail address there). Re-read cells take
+the new thumbnail, the others keep the one they were last read at, so slow drift cannot add up
+unseen. The reference belongs to the stream like ``last_step`` (and restarts with a new frame
+shape), so output stays byte-identical for any batching. ``reuse_threshold`` 0 OCRs every
+sample; the detector name says ``/reuse<N`` when reuse is on.
 
 Residual risk: text shown for less than ``1 / ocr_fps`` can fall between two samples and
 leak, and so can text tesseract does not read in any sample (very small, low-contrast,
