@@ -278,12 +278,17 @@ def discover(input_path: Path, allowed_roots: tuple[Path, ...] = ()) -> list[Ses
         return [session]
 
     sessions = folder_sessions([p for p in input_path.rglob("*") if p.is_file()], roots)
+    return _checked(sessions, str(input_path), "no manifests or media files")
+
+
+def _checked(sessions: list[Session], where: str, none: str, hint: str = "") -> list[Session]:
+    """``sessions``, unless two share an id or there are none (ConfigError naming ``where``)."""
     ids = [s.manifest.session_id for s in sessions]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
-        raise ConfigError(f"duplicate session ids under {input_path}: {', '.join(dupes)}")
+        raise ConfigError(f"duplicate session ids under {where}: {', '.join(dupes)}")
     if not sessions:
-        raise ConfigError(f"no manifests or media files under {input_path}")
+        raise ConfigError(f"{none} under {where}{hint}")
     return sessions
 
 
@@ -330,10 +335,4 @@ def discover_objects(location: Any, options: Any = None, *, store: Any = None) -
         return [session]
     entries = listing.entries(objects)
     sessions = folder_sessions(listing.paths(entries), (), read=listing.read, objects=dict(listing.listed))
-    ids = [s.manifest.session_id for s in sessions]
-    dupes = sorted({i for i in ids if ids.count(i) > 1})
-    if dupes:
-        raise ConfigError(f"duplicate session ids under {location.uri}: {', '.join(dupes)}")
-    if not sessions:
-        raise ConfigError(f"no manifests or media objects under {location.uri} (endpoint and bucket were reachable)")
-    return sessions
+    return _checked(sessions, location.uri, "no manifests or media objects", " (endpoint and bucket were reachable)")

@@ -97,6 +97,12 @@ class OutputLayout:
         return self.location is not None
 
     @property
+    def where(self) -> "Path | str":
+        """OUT as every process can reach it: an absolute folder, or ``s3://bucket/prefix``
+        (workers run in other folders, and on other nodes)."""
+        return self.location.uri if self.location is not None else Path(self.root).absolute()
+
+    @property
     def uri(self) -> str:
         """OUT as a user names it (a folder, or ``s3://bucket/prefix``)."""
         return self.location.uri if self.location is not None else str(self.root)

@@ -117,10 +117,8 @@ class Runner:
     def __init__(self, config: RunConfig, out: Path, progress: Callable[[str], None] | None = None, *,
                  metrics: Metrics | None = None) -> None:
         self.config = config
-        layout = OutputLayout.of(out, config.storage)  # a folder or s3://bucket/prefix
-        # workers run in other folders (and on other nodes): a folder absolute, a prefix as its URI
-        self.out: Path | str = layout.uri if layout.is_s3 else Path(layout.root).absolute()
-        self.layout = layout if layout.is_s3 else OutputLayout(self.out)
+        self.out: Path | str = OutputLayout.of(out, config.storage).where  # a folder or s3://bucket/prefix
+        self.layout = OutputLayout.of(self.out, config.storage)
         self.progress = progress or (lambda msg: log.info(msg))
         self.key_store = key_store_dir(config.key_store).absolute()
         if not self.layout.is_s3 and self.key_store.resolve().is_relative_to(self.out.resolve()):

@@ -74,22 +74,17 @@ def committed_versions(out: Path | str, storage: Any = None) -> dict[str, Versio
     except ConfigError:  # no commit yet (or no folder)
         return {}
     pairs: dict[str, set[SourceVersion]] = defaultdict(set)
+    cut_short: set[str] = set()  # a ``worker_failed`` row: the machine failed, not the input (see below)
     for name in ("lineage_sources", "quarantine"):
-        t = output.table(name).to_table(columns=["session_id", "source_uri", "source_version"])
-        for sid, uri, version in zip(*(t.column(c).to_pylist() for c in t.column_names)):
+        columns = ["session_id", "source_uri", "source_version"] + (["reason_code"] if name == "quarantine" else [])
+        t = output.table(name).to_table(columns=columns)
+        for sid, uri, version, *reason in zip(*(t.column(c).to_pylist() for c in t.column_names)):
             pairs[sid].add((uri, version))
-    return {sid: frozenset(p) for sid, p in pairs.items() if sid not in cut_short(output)}
-
-
-def cut_short(output: Any) -> set[str]:
-    """Sessions whose commit holds a source cut short by a dying worker (a ``worker_failed``
-    row): the input was fine, the machine was not, so the watch redoes them (at most
-    ``MAX_ATTEMPTS`` times per version; then the partial commit stays, reported)."""
-    import pyarrow.compute as pc
-
-    t = output.table("quarantine").to_table(columns=["session_id", "reason_code"])
-    hit = t.filter(pc.equal(t.column("reason_code"), QuarantineReason.WORKER_FAILED.value))
-    return set(hit.column("session_id").to_pylist())
+            if reason == [QuarantineReason.WORKER_FAILED.value]:
+                cut_short.add(sid)
+    # A session cut short by a dying worker is not committed: the watch redoes it (at most
+    # MAX_ATTEMPTS times per version; then its partial commit stays, reported).
+    return {sid: frozenset(p) for sid, p in pairs.items() if sid not in cut_short}
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -118,9 +113,8 @@ class Watch:
                               f"--max-in-flight >= 1 (got {max_in_flight})")
         self.config = config
         self.listing = listing
-        layout = OutputLayout.of(out, config.storage)  # a folder or s3://bucket/prefix
-        self.out: Path | str = layout.uri if layout.is_s3 else Path(layout.root).absolute()
-        self.layout = layout if layout.is_s3 else OutputLayout(self.out)
+        self.out: Path | str = OutputLayout.of(out, config.storage).where  # a folder or s3://bucket/prefix
+        self.layout = OutputLayout.of(self.out, config.storage)
         self.interval_s, self.settle_s, self.max_in_flight, self.once = interval_s, settle_s, max_in_flight, once
         self.lease_wait_s = lease_wait_s  # a held lease: wait this long for it (a restarted watch), then refuse
         self.progress = progress or (lambda msg: log.info(msg))
