@@ -98,7 +98,8 @@ def _frame_text(ctx: DeidContext) -> Any:
     pol = ctx.config.policy
     keep = {"action": "keep"} if pol.frame_text.action == "keep" else {}
     return FrameTextOperator(config_from_policy(pol, ctx.subkey(b"frame-text-permutation"),
-                                                ocr_fps=pol.frame_text.ocr_fps, **keep))
+                                                ocr_fps=pol.frame_text.ocr_fps,
+                                                reuse_threshold=pol.frame_text.reuse_threshold, **keep))
 
 
 def encode_jpeg(frames: Any, quality: int) -> list[bytes]:

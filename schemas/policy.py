@@ -171,6 +171,11 @@ class FrameTextPolicy(_Strict):
     action: Literal["blur_permute", "keep"] = "blur_permute"
     ocr_fps: float = Field(4.0, gt=0, le=30,
                            description="frames OCRed per second of video (on the stream's clock, plus its last frame)")
+    reuse_threshold: int = Field(
+        24, ge=0, le=255,
+        description="a sample whose grayscale thumbnail (4x4 px cell means) differs from the stream's last OCRed "
+                    "sample by less than this in every cell reuses that OCR (modalign.operators.deid.frame_text, "
+                    "'Reuse'); 0: every sample is OCRed")
     legal_basis: str = Field("", description="free-text note recorded with the policy")
 
 
@@ -178,7 +183,7 @@ class DeidPolicy(_Strict):
     """Versioned de-identification policy for all modalities."""
 
     policy_id: str = Field("modalign-default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-    version: str = Field("6", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+    version: str = Field("7", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
     legal_basis: str = Field("", description="free-text note recorded with the policy")
     face: FacePolicy = FacePolicy()
     voice: VoicePolicy = VoicePolicy()

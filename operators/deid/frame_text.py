@@ -137,9 +137,10 @@ class FrameTextConfig(OperatorConfig):
     min_scores: dict[TextEntity, float] = Field(default_factory=dict, description="per-kind thresholds")
     blur_sigma_ratio: float = Field(0.15, gt=0.0, le=1.0, description="Gaussian sigma / longer box side")
     reuse_threshold: int = Field(
-        24, ge=0, le=255,
+        _POLICY.reuse_threshold, ge=0, le=255,
         description="a sample whose grayscale thumbnail (4x4 px cell means) differs from the stream's last OCRed "
-                    "sample by less than this in every cell reuses that OCR; 0: every sample is OCRed",
+                    "sample by less than this in every cell reuses that OCR; 0: every sample is OCRed "
+                    "(FrameTextPolicy.reuse_threshold)",
     )
     policy_tag: str = DEFAULT_POLICY_TAG
     secret: bytes | None = Field(

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 def test_default_policy_tag_and_entities():
     pol = DeidPolicy()
     assert pol.tag == DEFAULT_POLICY_TAG
-    assert re.fullmatch(r"modalign-default@6\+[0-9a-f]{8}", pol.tag)
+    assert re.fullmatch(r"modalign-default@7\+[0-9a-f]{8}", pol.tag)
     assert set(pol.text.entities) == set(ALL_TEXT_ENTITIES) >= {"address", "date_of_birth", "national_id"}
     assert (pol.face.action, pol.voice.action, pol.text.action) == ("blur_permute", "anonymise", "pseudonymise")
 
@@ -46,7 +46,7 @@ def test_a_changed_policy_never_keeps_the_default_tag():
                DeidPolicy(text={"actions": {"ip": "mask"}}), DeidPolicy(legal_basis="DPIA-1")]
     tags = [p.tag for p in changed]
     assert len(set(tags)) == len(tags) and DEFAULT_POLICY_TAG not in tags
-    assert all(t.startswith("modalign-default@6+") for t in tags)
+    assert all(t.startswith("modalign-default@7+") for t in tags)
     assert DeidPolicy().tag == DeidPolicy.model_validate_json(DeidPolicy().model_dump_json()).tag  # stable
 
 
@@ -77,3 +77,22 @@ def test_window_zero_allowed_when_every_frame_is_tiled():
     assert FacePolicy(temporal_window=0, tile_every=1).temporal_window == 0
     assert FacePolicy(temporal_window=0, tiles=1).tiles == 1
     assert VoicePolicy(action="keep_mfcc", mcadams_alpha_range=(1.0, 1.0), vtln_warp_range=(0.0, 0.0)).action == "keep_mfcc"
+
+
+def test_frame_text_reuse_threshold_is_a_policy_rule(tmp_path):
+    """``policy.frame_text.reuse_threshold`` reaches the operator the video plan builds (0: every
+    sample OCRed), and a changed threshold changes the policy tag."""
+    from modalign.operators.modalities import DeidContext, plan_for
+
+    built = {}
+    for thr in (None, 0, 40):
+        policy = {} if thr is None else {"frame_text": {"reuse_threshold": thr}}
+        cfg = RunConfig.model_validate({"policy": policy})
+        faces, frame_text = (build(DeidContext(cfg, "t", tmp_path)) for build in plan_for("video").deid)
+        frame_text.setup()  # real tesseract: the detector name says whether reuse is on
+        built[thr] = (frame_text.config.reuse_threshold, frame_text.detector_name, cfg.policy.tag)
+    assert [b[0] for b in built.values()] == [24, 0, 40]
+    assert "/reuse<24+" in built[None][1] and "/reuse" not in built[0][1] and "/reuse<40+" in built[40][1]
+    assert built[None][2] == DEFAULT_POLICY_TAG and len({b[2] for b in built.values()}) == 3
+    with pytest.raises(ValidationError):
+        DeidPolicy(frame_text={"reuse_threshold": -1})
