@@ -1,14 +1,20 @@
 """Ray actors wrapping the stage operators: ingest, align, embed.
 
 The only module besides ``modalign.pipeline.runner`` that imports ``ray``. Each actor builds its
-operators once (``setup`` loads models) and limits torch and tesseract to one thread:
-Ray gives parallelism across actors, and oversubscribed BLAS threads only slow a
+operators once and loads their models in its constructor (``warm``: the run's start-up, which
+``run.json`` reports apart as ``timing.actors_ready_s``), and limits torch and tesseract to one
+thread: Ray gives parallelism across actors, and oversubscribed BLAS threads only slow a
 shared machine. Restart policies are explicit (Ray's default is at-most-once).
+
+``ActorPool`` holds the ingest and embed actors: a run starts its own and kills it at the end;
+a watch keeps one for its whole life, so its batches pay the model loads once.
 """
 
 from __future__ import annotations
 
 import os
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +41,30 @@ class IngestActor:
     the event files it was told of.
     """
 
-    def __init__(self, config_json: str, out_root: str, key_store_dir: str) -> None:
+    def __init__(self, config_json: str, out_root: str, key_store_dir: str,
+                 warm: list[tuple[str, str]] = ()) -> None:
         from modalign.pipeline.worker import IngestWorker
 
         _single_threaded()
         self.worker = IngestWorker(RunConfig.model_validate_json(config_json), out_root, Path(key_store_dir))
+        self.warm(warm)
 
     def ping(self) -> bool:
         """Answers once the actor is up (after a restart too)."""
         return True
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def warm(self, chains: list[tuple[str, str]]) -> None:
+        """Build the (modality, tenant) chains and set their operators up (models loaded) now."""
+        for modality, tenant in chains:
+            for op in self.worker.chain(modality, tenant):
+                op.ensure_setup()
+
+    def frame_index(self, job: Any) -> Any:
+        """Frame and keyframe times of a video source (demux only), for the runner's range plan."""
+        return self.worker.frame_index(job)
 
     def ingest(self, job: Any):
         from dataclasses import replace
@@ -118,14 +139,61 @@ class AlignerActor:
 class EmbedActor:
     """Embeds de-identified payload batches into the feature cache and feature files."""
 
-    def __init__(self, config_json: str, out_root: str, attempt: str) -> None:
+    def __init__(self, config_json: str, out_root: str, attempt: str, warm: list[str] = ()) -> None:
         from modalign.pipeline.embedding import Embedder
 
         _single_threaded()
         self.embedder = Embedder(RunConfig.model_validate_json(config_json), out_root, attempt)
+        self.embedder.load(list(warm))
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def begin(self, attempt: str, warm: list[str] = ()) -> int:
+        """Start a run (its attempt id, counts from zero) with the models of ``warm`` loaded;
+        returns this process's id."""
+        self.embedder.begin(attempt)
+        self.embedder.load(list(warm))
+        return os.getpid()
 
     def embed(self, modality: str, table: pa.Table, lineage: dict, part: int) -> dict:
         return self.embedder.embed(modality, table, lineage, part)
 
     def flush(self) -> dict:
         return self.embedder.flush()
+
+
+@dataclass
+class ActorPool:
+    """The ingest actors and the embed actor of a run, or of a watch's whole life.
+
+    ``ready`` starts the actors if there are none (their constructors load the models the
+    run needs), or tells the running ones the new run's attempt and what it needs beyond
+    what they loaded; it returns once every actor has answered. ``close`` kills them.
+    """
+
+    ingest: list = field(default_factory=list)
+    embedder: Any = None
+    runs: int = 0  # runs served so far
+
+    def ready(self, config: RunConfig, out_root: str, key_store_dir: str, attempt: str, n_ingest: int,
+              embed_options: dict, chains: list[tuple[str, str]]) -> float:
+        """Make the pool ready for a run; returns the seconds until every actor answered."""
+        t = time.perf_counter()
+        modalities = sorted({m for m, _tenant in chains})
+        if self.embedder is None:
+            cfg_json = config.model_dump_json()
+            self.ingest = [IngestActor.options(num_cpus=1).remote(cfg_json, out_root, key_store_dir, chains)
+                           for _ in range(n_ingest)]
+            self.embedder = EmbedActor.options(**embed_options).remote(cfg_json, out_root, attempt, modalities)
+        ray.get([a.warm.remote(chains) for a in self.ingest] + [self.embedder.begin.remote(attempt, modalities)])
+        self.runs += 1
+        return time.perf_counter() - t
+
+    def actors(self) -> list:
+        return [*self.ingest, *([self.embedder] if self.embedder is not None else [])]
+
+    def close(self) -> None:
+        for a in self.actors():
+            ray.kill(a)
+        self.ingest, self.embedder = [], None

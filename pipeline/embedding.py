@@ -38,6 +38,19 @@ class Embedder:
         self.cache = FeatureCache(self.layout.cache_dir)
         self._ops: dict[str, Any] = {}
 
+    def begin(self, attempt: str) -> None:
+        """Start a run with this embedder (a warm actor serves a watch's every batch): its
+        attempt id names the feature files and the hit/miss counts start from zero. The cache's
+        key map is kept: the lease of OUT keeps every other writer of the cache out meanwhile."""
+        self.attempt = attempt
+        self.cache.reset_stats()
+
+    def load(self, modalities: list[str]) -> None:
+        """Build the operators of ``modalities`` and load their models now (start-up, not the first batch)."""
+        for modality in modalities:
+            op = self._op(modality)
+            getattr(op, "load", op.ensure_setup)()  # an encoder's network; a statistic has none
+
     def _op(self, modality: str):
         if modality not in self._ops:
             from modalign.operators.embed.registry import build_operator

@@ -49,11 +49,21 @@ def collect(out: str | PathLike, storage: Any = None) -> dict:
     return info
 
 
+def timing_text(run: dict) -> str:
+    """`` (Ray 1.2 s, actors ready 3.4 s, processing 20.1 s, commit 0.4 s)`` of a run summary's
+    ``timing``; empty for a summary written before it was recorded."""
+    t = run.get("timing") or {}
+    parts = [f"{label} {t[k]:.1f} s" for k, label in (("ray_start_s", "Ray"), ("actors_ready_s", "actors ready"),
+                                                      ("processing_s", "processing"), ("commit_s", "commit"))
+             if t.get(k) is not None]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def render(info: dict) -> str:
     run, c = info["run"], info["run"]["counts"]
     lines = [
-        f"commit {info['version']}: run {run['run_id'][:8]}  finished {run['finished_at']}  in {run['elapsed_s']} s  "
-        f"policy {run['versions']['policy']}",
+        f"commit {info['version']}: run {run['run_id'][:8]}  finished {run['finished_at']}  in {run['elapsed_s']} s"
+        f"{timing_text(run)}  policy {run['versions']['policy']}",
         f"sessions {c['sessions']}  ticks {c['ticks']}  events video {c['events']['video']} / audio "
         f"{c['events']['audio']} / pdf {c['events']['pdf']}",
         f"de-identified: {c['faces_blurred']} face boxes blurred, {c.get('frame_text_blurred', 0)} text regions "

@@ -40,5 +40,10 @@ class EncoderTableOperator(TableOperator[C]):
         self.encoder.ensure_setup()
         self._ready = True
 
+    def load(self) -> None:
+        """Set up and load the encoder's network now (it loads on first use otherwise)."""
+        self.ensure_setup()
+        self.encoder.load()
+
     def output_schema(self, input_schema: pa.Schema) -> pa.Schema:
         return feature_schema()

@@ -211,6 +211,10 @@ class ImageEncoder(Operator[ImageEmbedConfig]):
         """Whether the network has been built (it is, lazily, on the first forward pass)."""
         return self._model is not None
 
+    def load(self) -> None:
+        """Build the network now (an actor pays it at start-up instead of on its first batch)."""
+        self._ensure_model()
+
     def _ensure_model(self) -> Any:
         self.ensure_setup()
         if self._model is None:

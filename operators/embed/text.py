@@ -135,6 +135,10 @@ class TextEncoder(Operator[TextEmbedConfig]):
     def loaded(self) -> bool:
         return self._model is not None
 
+    def load(self) -> None:
+        """Load the model now (an actor pays it at start-up instead of on its first batch)."""
+        self._ensure_model()
+
     @property
     def dim(self) -> int:
         m = self._ensure_model()
