@@ -210,21 +210,26 @@ class FeatureCache:
     def flush(self) -> int:
         """Write pending entries as new segments (atomic renames); returns entries written.
 
-        Patch grids and pooled vectors go to separate segments, so that reading a frame or
-        roi vector never decodes grids (a row group is the unit read, ~8 MiB at most).
+        Each segment holds one model's entries, patch grids apart from pooled vectors (reading
+        a frame or roi vector never decodes grids), and at most one row group (~8 MiB of
+        vectors, the unit a lookup decodes). So an erasure or a gc rewrites only the segments
+        that hold what it removes, each at most one row group, not the whole cache.
         """
         with self._lock:
             if self.path is None or not self._pending:
                 return 0
             index = self._ensure_index()
-            for grids in (False, True):
-                keys = [k for k, e in self._pending.items() if (e.granularity == "patch") == grids]
-                if not keys:
-                    continue
-                seg = _new_segment_path(self.path)
-                groups = _write_segment(seg, keys, [self._pending[k] for k in keys])
-                for k, loc in zip(keys, _row_locations(groups)):
-                    index.setdefault(k, (seg, *loc))
+            kinds: dict[tuple[bool, str], list[str]] = {}
+            for k, e in self._pending.items():
+                kinds.setdefault((e.granularity == "patch", e.model_id), []).append(k)
+            for _, keys in sorted(kinds.items()):
+                per_segment = _rows_per_group(max(self._pending[k].vector.size for k in keys))
+                for i in range(0, len(keys), per_segment):
+                    chunk = keys[i:i + per_segment]
+                    seg = _new_segment_path(self.path)
+                    groups = _write_segment(seg, chunk, [self._pending[k] for k in chunk])
+                    for k, loc in zip(chunk, _row_locations(groups)):
+                        index.setdefault(k, (seg, *loc))
             n = len(self._pending)
             self._pending.clear()
             self._pending_nbytes = 0
@@ -391,6 +396,11 @@ def _new_segment_path(folder: Path) -> Path:
     return folder / f"cache-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet"
 
 
+def _rows_per_group(widest_dim: int) -> int:
+    """Rows of vectors of up to ``widest_dim`` float32 values in one ~``ROW_GROUP_BYTES`` row group."""
+    return max(1, ROW_GROUP_BYTES // max(widest_dim * 4, 1))
+
+
 def _row_locations(groups: list[int]) -> list[tuple[int, int]]:
     """(row group, row within it) of every row of a file with row groups of these sizes."""
     return [(g, r) for g, n in enumerate(groups) for r in range(n)]
@@ -434,8 +444,7 @@ def _read_segment(seg: Path, columns: list[str] | None = None, row_group: int | 
 def _atomic_write(dest: Path, table: pa.Table) -> list[int]:
     """Write a segment table atomically, in row groups of at most ~``ROW_GROUP_BYTES`` of
     vector data (the unit a lookup decodes); returns the row-group sizes."""
-    widest = max(table.column("dim").to_pylist(), default=1) * 4
-    rows = max(1, ROW_GROUP_BYTES // max(widest, 1))
+    rows = _rows_per_group(max(table.column("dim").to_pylist(), default=1))
     atomic_write(dest, lambda tmp: pq.write_table(table, tmp, compression="zstd", row_group_size=rows))
     meta = pq.read_metadata(dest)
     return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]

@@ -325,17 +325,41 @@ def test_lookups_decode_one_row_group_not_the_segment(tmp_path, monkeypatch):
     from modalign.operators.cache import store
 
     monkeypatch.setattr(store, "ROW_GROUP_BYTES", 3 * 7 * 7 * 8 * 4)  # 3 grids per row group
-    cache = FeatureCache(tmp_path / "c", decoded_segments=1)
     grids = {f"g{i}": vec(i, (7, 7, 8)) for i in range(8)}
-    for k, g in grids.items():
-        cache.put(k, "patch", g)
-    cache.flush()
-    (seg,) = (tmp_path / "c").glob("cache-*.parquet")
+    (tmp_path / "c").mkdir()
+    seg = tmp_path / "c" / "cache-00000000000000000001-00000000.parquet"  # as earlier versions wrote them
+    store._write_segment(seg, list(grids), [store._Entry("patch", "m@1", g) for g in grids.values()])
     assert [pq.read_metadata(seg).row_group(i).num_rows for i in range(3)] == [3, 3, 2]
     reopened = FeatureCache(tmp_path / "c", decoded_segments=1)
     for k in ["g7", "g0", "g4", "g5"]:
         assert np.array_equal(reopened.get(k), grids[k])
     assert len(reopened._decoded) == 1 and next(iter(reopened._decoded))[1] == 1  # g5's row group only
+
+
+def test_a_flush_writes_one_model_per_segment_and_one_row_group_each(tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+
+    from modalign.operators.cache import store
+
+    monkeypatch.setattr(store, "ROW_GROUP_BYTES", 3 * 16 * 4)  # 3 vectors of 16 values per row group
+    cache = FeatureCache(tmp_path / "c")
+    for i in range(7):
+        cache.put(f"img{i}", "frame", vec(i), model_id="image@1")
+    cache.put("txt0", "frame", vec(9), model_id="text@1")
+    cache.flush()
+    segments = sorted((tmp_path / "c").glob("cache-*.parquet"))
+    models = [set(pq.read_table(s, columns=["model_id"]).column(0).to_pylist()) for s in segments]
+    assert sorted(map(sorted, models)) == [["image@1"]] * 3 + [["text@1"]]
+    assert all(pq.read_metadata(s).num_row_groups == 1 for s in segments)
+    sizes = sorted(pq.read_metadata(s).num_rows for s, m in zip(segments, models) if m == {"image@1"})
+    assert sizes == [1, 3, 3]
+    # an erasure of one image entry rewrites the one segment that holds it; the others stay as they are
+    before = {s.name: s.stat().st_mtime_ns for s in segments}
+    assert FeatureCache(tmp_path / "c").remove(["img0"]) == 1
+    after = {s.name for s in (tmp_path / "c").glob("cache-*.parquet")}
+    assert len(set(before) - after) == 1 and len(after - set(before)) == 1
+    reopened = FeatureCache(tmp_path / "c")
+    assert reopened.get("img0") is None and all(np.array_equal(reopened.get(f"img{i}"), vec(i)) for i in range(1, 7))
 
 
 def test_catalog_counts_a_key_written_by_two_writers_once(tmp_path):
