@@ -474,3 +474,30 @@ def test_blur_permute_leaves_no_low_frequency_structure_of_a_low_detail_face():
     assert np.abs(lo_out - lo_src).mean() >= 0.8 * np.abs(structure).mean()  # differs by the face's own structure
     assert img[y0:y1, x0:x1].std() < 0.35 * src[y0:y1, x0:x1].std()  # the tones' spread mostly gone
     assert np.array_equal(np.delete(img, np.s_[y0:y1], 0), np.delete(src, np.s_[y0:y1], 0))
+
+
+def test_close_up_filling_the_frame_found_by_the_zoom_out_pass(monkeypatch):
+    """A real LFW face upscaled to fill a 640x360 frame's height is missed by every grid (no
+    context around it); the zoom-out pass (frame padded to 1.5 sides, both models agree) finds it."""
+    import cv2
+    from skimage.data import coffee, lfw_subset
+
+    from modalign.operators.deid import faces as mod
+
+    face = (lfw_subset()[1] * 255).round().astype(np.uint8)
+    img = cv2.resize(coffee(), (W, H), interpolation=cv2.INTER_AREA)
+    x = (W - H) // 2
+    img[:, x:x + H] = cv2.resize(face, (H, H), interpolation=cv2.INTER_CUBIC)[..., None]
+
+    def boxes() -> list:
+        o = FaceBlurOperator(FaceBlurConfig(secret=SECRET))
+        o.setup()
+        out = [o.process(frames_table([img]))] + o.flush()
+        return [b for t in out for bs in t.column("face_boxes").to_pylist() for b in bs]
+
+    found = boxes()
+    assert found, "the close-up was not covered"
+    b = found[0]
+    assert b["x0"] <= x + H * 0.3 and b["x1"] >= x + H * 0.7 and b["y0"] <= H * 0.3 and b["y1"] >= H * 0.7
+    monkeypatch.setattr(mod, "ZOOM_OUT", 0)
+    assert boxes() == []
