@@ -67,10 +67,12 @@ class Snapshot:
         return sorted(f for f in self.files() if f.startswith(prefix))
 
     def to_json(self) -> bytes:
+        """Compact (one line): a commit lists every file of OUT, and ``json`` encodes an indented
+        document in pure Python, which at 1,000 sessions is 0.1 s of every erasure's commit."""
         return json.dumps({"format": FORMAT, "version": self.version, "run_id": self.run_id,
                            "committed_at": self.committed_at, "sessions": self.sessions,
                            "shared": list(self.shared), "summary": self.summary, "digests": self.digests},
-                          indent=1, sort_keys=True, default=str).encode()
+                          separators=(",", ":"), sort_keys=True, default=str).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> "Snapshot":
