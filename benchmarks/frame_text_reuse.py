@@ -1,6 +1,8 @@
-"""OCR reuse in frame-text de-identification: ``python benchmarks/frame_text_reuse.py [--quick] [--duration S]``.
+"""OCR reuse in frame-text de-identification: ``python benchmarks/frame_text_reuse.py [--quick] [--duration S] [--engines library,cli]``.
 
-Runs ``FrameTextOperator`` at its defaults with ``reuse_threshold`` 24 (on) and 0 (off) over:
+Runs ``FrameTextOperator`` at its defaults with ``reuse_threshold`` 24 (on) and 0 (off), with each
+OCR engine (``library``: libtesseract in process, the default; ``cli``: a tesseract process per
+sample), over:
 - the sample meeting (``modalign sample``: room.mp4 decoded, 640x360, four slides evenly over
   ``--duration`` s, a real face photo gliding across the room the whole time), at 360p and
   upscaled 2x to 720p (cubic);
@@ -71,9 +73,9 @@ def tables_of(frames: list[np.ndarray], ts: list[int], k: int) -> list[pa.Table]
     return out
 
 
-def run(tables: list[pa.Table], reuse: int) -> tuple[list[pa.Table], str, float, float]:
+def run(tables: list[pa.Table], reuse: int, engine: str) -> tuple[list[pa.Table], str, float, float]:
     """(output tables, tesseract calls "whole frame + crops", CPU s, wall s) of one stream."""
-    op = FrameTextOperator(FrameTextConfig(secret=b"b" * 32, reuse_threshold=reuse))
+    op = FrameTextOperator(FrameTextConfig(secret=b"b" * 32, reuse_threshold=reuse, engine=engine))
     op.setup()
     op.process(tables[0].slice(0, 2))  # warm-up: spaCy's first call
     op.reset()
@@ -115,7 +117,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="12 s meeting, 2 s static clips")
     ap.add_argument("--duration", type=float, default=None, help="meeting length in s (default 24; quick 12)")
+    ap.add_argument("--engines", default="library,cli", help="OCR engines to compare (FrameTextConfig.engine)")
     args = ap.parse_args()
+    engines = args.engines.split(",")
     duration = args.duration or (12.0 if args.quick else 24.0)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # children inherit it
@@ -135,20 +139,21 @@ def main() -> int:
     for label, make, truth, k in cases:
         tables = make()
         n = sum(t.num_rows for t in tables)
-        for reuse in (0, ON):
-            outs, calls, cpu, wall = run(tables, reuse)
-            # the static clips' panel sits where the meeting's does; their planted values are PLANTED
-            leak, total = still_read(outs, truth, k, stride=10 if n > 100 else 5)
-            rows.append((label, reuse, calls, 1000 * cpu / n, 1000 * wall / n, leak, total))
+        for engine in engines:
+            for reuse in (0, ON):
+                outs, calls, cpu, wall = run(tables, reuse, engine)
+                # the static clips' panel sits where the meeting's does; their planted values are PLANTED
+                leak, total = still_read(outs, truth, k, stride=10 if n > 100 else 5)
+                rows.append((label, engine, reuse, calls, 1000 * cpu / n, 1000 * wall / n, leak, total))
         del tables
 
     print(f"FrameTextOperator, ocr_fps 4, {FPS} fps, tables of {TABLE_S} s, one core; reuse_threshold 0 (off) vs {ON}\n")
-    print("| clip | reuse | tesseract calls (whole frame + crop) | CPU ms/frame | wall ms/frame | planted values still read |")
-    print("|---|---|---|---|---|---|")
-    for label, reuse, calls, c, w, leak, total in rows:
-        print(f"| {label} | {'on (' + str(reuse) + ')' if reuse else 'off'} | {calls} | {c:.1f} | {w:.1f} | "
+    print("| clip | engine | reuse | tesseract calls (whole frame + crop) | CPU ms/frame | wall ms/frame | planted values still read |")
+    print("|---|---|---|---|---|---|---|")
+    for label, engine, reuse, calls, c, w, leak, total in rows:
+        print(f"| {label} | {engine} | {'on (' + str(reuse) + ')' if reuse else 'off'} | {calls} | {c:.1f} | {w:.1f} | "
               f"{leak}/{total} |")
-    worse = [r[0] for off, on in zip(rows[::2], rows[1::2]) for r in (on,) if on[5] > off[5]]
+    worse = [f"{r[0]} ({r[1]})" for off, on in zip(rows[::2], rows[1::2]) for r in (on,) if on[6] > off[6]]
     if worse:
         print("\nREUSE READS MORE PLANTED VALUES THAN OFF: " + ", ".join(worse))
     return 1 if worse else 0

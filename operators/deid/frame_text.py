@@ -15,10 +15,20 @@ boxes) for any batching, in every run (the permutation key is the tenant secret,
 the frame's deterministic event id). A sample is converted to grayscale, upscaled by
 ``ocr_scale`` (tesseract misses much of ~13 px text at 1x), capped at ``ocr_max_pixels``
 (default 1280x720: a 360p frame is read at 2x, a 720p frame at 1x, where 13 px text is read
-less well, to stay near real time on one core), encoded as PGM in memory and read by
-tesseract as a subprocess (stdin -> TSV on stdout, under the memory ceiling and timeout of
-``modalign.operators.sandbox.run_limited``; no image touches the disk). Words are grouped
-into lines (tesseract's block/paragraph/line), the lines of a block joined by newlines.
+less well, to stay near real time on one core), and read by tesseract in memory (no image
+touches the disk). Words are grouped into lines (tesseract's block/paragraph/line), the
+lines of a block joined by newlines.
+
+Engine. ``engine = "library"`` (default) reads through libtesseract in this process
+(tesserocr, which ships its own build; the language data is the Debian package's): the model
+is loaded once per operator, so a sample costs its recognition only (a 360p frame at 2x
+~130 ms, a 200x150 crop ~16 ms), where a tesseract process per sample pays ~190 ms to start
+and load the model each time. Its input is a decoded frame (a bounded array of at most
+``ocr_max_pixels``, not a file a parser reads), and ``ocr_timeout_s`` cancels a recognition
+that runs over. ``engine = "cli"`` runs Debian's tesseract binary per sample as before
+(stdin PGM -> TSV on stdout) under the memory ceiling and timeout of
+``modalign.operators.sandbox.run_limited``. The two are different tesseract versions; the
+detector name says which read the frames.
 
 Detection. Each pair of consecutive samples goes through one ``detect_batch`` call over the
 blocks of both (OCR artefacts are handled as for PDFs, and a name found in one sample of
@@ -93,7 +103,7 @@ from modalign.operators.deid.faces import (_stream_key, anonymise_region, event_
                                            frames_like, region_schema, take_run, tensor_view, with_regions)
 from modalign.operators.deid.names import load_nlp
 from modalign.operators.deid.recognisers import RULES_VERSION, detect_batch, detector_name
-from modalign.operators.dependencies import binary, missing, require_tesseract_langs
+from modalign.operators.dependencies import binary, missing, require, require_tesseract_langs
 from modalign.operators.sandbox import out_of_memory, run_limited
 from modalign.schemas.errors import ComplianceError, InputError, ModalignError
 from modalign.schemas.policy import DEFAULT_POLICY_TAG, DeidPolicy, FrameTextPolicy, TextEntity, TextPolicy
@@ -128,8 +138,11 @@ class FrameTextConfig(OperatorConfig):
     )
     lang: str = Field("eng", pattern=r"^[A-Za-z_]+(\+[A-Za-z_]+)*$", description="tesseract language(s)")
     psm: int = Field(11, ge=3, le=13, description="tesseract page segmentation mode; 11: sparse text")
+    engine: Literal["library", "cli"] = Field(
+        "library", description="library: libtesseract in this process (tesserocr), the model loaded once; cli: a "
+                               "tesseract process per sample, under subprocess_memory_mb (see Engine)")
     ocr_timeout_s: float = Field(30.0, gt=0.0, description="per OCR sample")
-    subprocess_memory_mb: int = Field(1024, ge=64, description="RLIMIT_AS of the tesseract process")
+    subprocess_memory_mb: int = Field(1024, ge=64, description="RLIMIT_AS of the tesseract process (engine cli)")
     min_conf: float = Field(30.0, ge=0.0, le=100.0, description="OCR words under this confidence are ignored")
     pad_px: int = Field(4, ge=0, le=64, description="margin added around each text box (frame pixels)")
     entities: tuple[TextEntity, ...] = Field(_TEXT.entities, description="personal-data kinds looked for")
@@ -214,7 +227,7 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
     """
 
     kind = "frame_text"
-    version = "0.2.0"
+    version = "0.3.0"
     config_model = FrameTextConfig
 
     def __init__(self, config: FrameTextConfig | None = None) -> None:
@@ -223,6 +236,7 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
         self._tesseract: str | None = None
         self._tess_version = "?"
         self._env: dict[str, str] = {}
+        self._api: Any = None  # tesserocr.PyTessBaseAPI (engine library), made in setup
         self._state: _Stream | None = None
         self._done: list[pa.Table] = []  # anonymised tables not returned yet, in stream order
 
@@ -242,6 +256,8 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
             m = re.search(r"tesseract\s+v?(\S+)", (ver.stdout or "") + (ver.stderr or ""))
             self._tess_version = m.group(1) if m else "?"
             self._env = {**os.environ, "OMP_THREAD_LIMIT": "1"}  # one core per actor
+            if cfg.engine == "library":
+                self._api, self._tess_version = open_library(cfg.lang, cfg.psm, tessdata_dir(self._tesseract))
             if "person" in cfg.entities:
                 load_nlp()
         self._ready = True
@@ -279,7 +295,8 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
             return "none"
         text = detector_name() if "person" in self.config.entities else RULES_VERSION
         reuse = f"/reuse<{self.config.reuse_threshold}" if self.config.reuse_threshold else ""
-        return f"tesseract@{self._tess_version}{reuse}+{text}"
+        lib = "/lib" if self.config.engine == "library" else ""
+        return f"tesseract@{self._tess_version}{lib}{reuse}+{text}"
 
     def output_schema(self, input_schema: pa.Schema) -> pa.Schema:
         return region_schema(input_schema, TEXT_BOXES, TEXT_DEID)
@@ -460,6 +477,8 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
         cfg = self.config
         if scale is None:
             scale = ocr_scale_for(rgb.shape[1], rgb.shape[0], cfg.ocr_scale, cfg.ocr_max_pixels)
+        if self._api is not None:
+            return self._ocr_library(rgb, scale, event_id, table)
         pgm = encode_pgm(rgb, scale)
         cmd = [self._tesseract or "tesseract", "stdin", "stdout", "-l", cfg.lang, "--psm", str(cfg.psm),
                "--dpi", str(int(round(72 * scale))), "tsv"]
@@ -476,13 +495,31 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
                 why = (f"OCR hit the memory ceiling of {cfg.subprocess_memory_mb} MB" if out_of_memory(proc)
                        else f"tesseract exited with {proc.returncode}")
         if why is not None:
-            raise ComplianceError(
-                f"{why} on event {event_id}; the frames of this table and those held back before it are withheld, "
-                "not written raw",
-                source_uri=first_str(table, "source_uri"),
-                stage=self.kind,
-            )
+            raise self._ocr_failed(why, event_id, table)
         return parse_tsv(proc.stdout, scale, cfg.min_conf)
+
+    def _ocr_library(self, rgb: np.ndarray, scale: float, event_id: str,
+                     table: pa.Table) -> list[tuple[tuple[int, int, int], OcrWord]]:
+        """``_ocr`` through libtesseract in this process (engine library)."""
+        cfg, api = self.config, self._api
+        gray = ocr_gray(rgb, scale)
+        h, w = gray.shape
+        api.SetImageBytes(gray.tobytes(), w, h, 1, w)
+        api.SetSourceResolution(int(round(72 * scale)))
+        if not api.Recognize(timeout=max(1, int(cfg.ocr_timeout_s * 1000))):  # 0 would mean none
+            api.Clear()
+            raise self._ocr_failed(f"OCR failed or ran over {cfg.ocr_timeout_s:.0f} s", event_id, table)
+        tsv = api.GetTSVText(0)  # the CLI's TSV rows without its header (the page row comes first)
+        api.Clear()
+        return parse_tsv(tsv.encode("utf-8"), scale, cfg.min_conf, header=False)
+
+    def _ocr_failed(self, why: str, event_id: str, table: pa.Table) -> ComplianceError:
+        return ComplianceError(
+            f"{why} on event {event_id}; the frames of this table and those held back before it are withheld, "
+            "not written raw",
+            source_uri=first_str(table, "source_uri"),
+            stage=self.kind,
+        )
 
     def _assemble(self, table: pa.Table, frames: pa.Array, applied: list[list[BoxT]], method: str) -> pa.Table:
         header = {"policy": self.config.policy_tag, "method": method, "detector": self.detector_name,
@@ -592,22 +629,56 @@ def ocr_scale_for(w: int, h: int, scale: float, max_pixels: int) -> float:
     return max(1.0, min(scale, math.sqrt(max_pixels / max(1, w * h))))
 
 
-def encode_pgm(rgb: np.ndarray, scale: float = 1.0) -> bytes:
-    """Binary PGM (P5) of the frame in grayscale (BT.601 luma), upscaled by ``scale`` (cubic)."""
+def ocr_gray(rgb: np.ndarray, scale: float = 1.0) -> np.ndarray:
+    """What tesseract reads of a frame: grayscale (BT.601 luma), upscaled by ``scale`` (cubic)."""
     import cv2
 
     gray = cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2GRAY)
     if scale != 1.0:
         gray = cv2.resize(gray, None, fx=scale, fy=scale, interpolation=cv2.INTER_CUBIC)
+    return gray
+
+
+def encode_pgm(rgb: np.ndarray, scale: float = 1.0) -> bytes:
+    """Binary PGM (P5) of ``ocr_gray(rgb, scale)``: the tesseract binary's stdin."""
+    gray = ocr_gray(rgb, scale)
     h, w = gray.shape
     return b"P5\n%d %d\n255\n" % (w, h) + gray.tobytes()
 
 
-def parse_tsv(tsv: bytes, scale: float, min_conf: float) -> list[tuple[tuple[int, int, int], OcrWord]]:
+def tessdata_dir(tesseract: str | None) -> str | None:
+    """The folder of the installed language data: ``$TESSDATA_PREFIX``, else where the tesseract
+    binary says it reads it (``--list-langs``), else None (libtesseract's own default)."""
+    if os.environ.get("TESSDATA_PREFIX"):
+        return os.environ["TESSDATA_PREFIX"]
+    try:
+        out = subprocess.run([tesseract or "tesseract", "--list-langs"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r'languages in "([^"]+)"', out.stdout + out.stderr)
+    return m.group(1) if m else None
+
+
+def open_library(lang: str, psm: int, tessdata: str | None) -> tuple[Any, str]:
+    """(an initialised ``tesserocr.PyTessBaseAPI``, its libtesseract version); raises
+    ``DependencyMissingError`` when tesserocr or the language data is not there."""
+    tesserocr = require("tesserocr")
+    try:
+        api = tesserocr.PyTessBaseAPI(**({"path": tessdata} if tessdata else {}), lang=lang,
+                                      psm=psm, oem=tesserocr.OEM.DEFAULT)
+    except RuntimeError:
+        raise missing("tesserocr", what=f"libtesseract with the language data {lang!r} (tessdata {tessdata})") from None
+    m = re.search(r"tesseract\s+v?(\S+)", tesserocr.tesseract_version())
+    return api, m.group(1) if m else "?"
+
+
+def parse_tsv(tsv: bytes, scale: float, min_conf: float,
+              header: bool = True) -> list[tuple[tuple[int, int, int], OcrWord]]:
     """Words of a tesseract TSV with their (block, paragraph, line) key; boxes divided by ``scale``
-    (outward rounding) into frame pixels."""
+    (outward rounding) into frame pixels. ``header``: the first line is the column names (the
+    binary's output; libtesseract's ``GetTSVText`` has none)."""
     out = []
-    for row in tsv.decode("utf-8", "replace").splitlines()[1:]:
+    for row in tsv.decode("utf-8", "replace").splitlines()[1 if header else 0:]:
         cols = row.split("\t", 11)
         if len(cols) < 12 or cols[0] != "5" or not cols[11].strip():
             continue

@@ -250,7 +250,9 @@ def test_keep_passes_through():
 
 @pytest.mark.parametrize("failure", ["exit", "timeout"])
 def test_tesseract_failure_withholds_the_table(monkeypatch, failure):
-    op = FrameTextOperator(FrameTextConfig(secret=SECRET, entities=("email",)))
+    """Engine cli: the tesseract process fails or runs over (a real process cannot be made to
+    fail on demand, so its result is replaced)."""
+    op = FrameTextOperator(FrameTextConfig(secret=SECRET, entities=("email",), engine="cli"))
     op.setup()
 
     def broken(cmd, **kw):
@@ -262,6 +264,27 @@ def test_tesseract_failure_withholds_the_table(monkeypatch, failure):
     with pytest.raises(ComplianceError) as err:
         op.process(frames_table([render(TEXT_A)] * 3, start=40))
     assert "s1/cam/video/40" in str(err.value) and "clara" not in str(err.value).lower()
+
+
+def test_library_ocr_over_its_timeout_withholds_the_table():
+    """Engine library: a real recognition cancelled by ``ocr_timeout_s`` (1 ms)."""
+    op = FrameTextOperator(FrameTextConfig(secret=SECRET, entities=("email",), ocr_timeout_s=0.001))
+    with pytest.raises(ComplianceError) as err:
+        op.process(frames_table([render(TEXT_A)] * 3, start=40))
+    assert "ran over" in str(err.value) and "s1/cam/video/40" in str(err.value)
+    assert "clara" not in str(err.value).lower()
+
+
+def test_both_engines_read_the_same_personal_data():
+    """The in-process library and the tesseract binary (other versions) find the same boxes."""
+    table = frames_table([render(TEXT_A)] * 3)
+    outs = {e: deid(FrameTextOperator(FrameTextConfig(secret=SECRET, engine=e)), table) for e in ("library", "cli")}
+    lib, cli = (outs[e].column("text_boxes").to_pylist() for e in ("library", "cli"))
+    assert lib[0] and len(lib[0]) == len(cli[0])
+    for a, b in zip(lib[0], cli[0]):
+        assert max(abs(a[k] - b[k]) for k in ("x0", "y0", "x1", "y1")) <= 6
+    assert "/lib" in outs["library"].column("text_deid")[0].as_py()["detector"]
+    assert "/lib" not in outs["cli"].column("text_deid")[0].as_py()["detector"]
 
 
 # -- the real sample session -----------------------------------------------------------------
