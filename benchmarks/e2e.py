@@ -38,7 +38,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RUNS = ("default", "same", "naive")
 SAMPLE_EVERY_S = 0.2
-TIMING_KEYS = ("ray_start_s", "actors_ready_s", "processing_s", "commit_s")
 
 
 # -- process-tree memory --------------------------------------------------------------------
@@ -199,9 +198,9 @@ def run_one(name: str, manifest: Path, work: Path, tag: str = "") -> dict:
 # -- report ---------------------------------------------------------------------------------
 
 def _timing(res: dict) -> str:
-    t = res["produced"].get("timing") or {}
-    parts = [f"{k[:-2].replace('_', ' ')} {t[k]:.1f}" for k in TIMING_KEYS if isinstance(t.get(k), (int, float))]
-    return ", ".join(parts) if parts else "-"
+    from modalign.pipeline.inspect import timing_text
+
+    return timing_text(res["produced"]).strip(" ()") or "-"
 
 
 def table(results: dict[str, dict], durations: dict[str, float]) -> str:

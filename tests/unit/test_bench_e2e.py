@@ -94,7 +94,7 @@ def test_report_rates_and_ratios(tmp_path):
     assert "same work vs naive script: 2.00x its rate" in text and "peak RSS 2.00x" in text
     assert "120 s vs 60 s session (default policy): 1.20x" in text
     rows = e2e.table(results, durations).splitlines()
-    assert rows[2].startswith("| default | 60 | 30.0 | 2.00 | 2000 |") and "ray start 4.2, processing 20.0" in rows[2]
+    assert rows[2].startswith("| default | 60 | 30.0 | 2.00 | 2000 |") and "Ray 4.2 s, processing 20.0 s" in rows[2]
 
 
 def test_naive_offset_estimate_finds_a_known_lag():
