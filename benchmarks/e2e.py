@@ -205,7 +205,7 @@ def _timing(res: dict) -> str:
 
 def table(results: dict[str, dict], durations: dict[str, float]) -> str:
     lines = ["| run | input (s) | wall (s) | x real time | peak RSS, tree (MiB) | less shared (MiB) | processes | "
-             "run.json timing (s) | exit |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+             "run.json timing | exit |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     for name, r in results.items():
         d = durations[name]
         lines.append(f"| {name} | {d:g} | {r['wall_s']:.1f} | {d / r['wall_s']:.2f} | {r['peak_rss_mib']:.0f} | "
