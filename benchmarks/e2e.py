@@ -83,12 +83,24 @@ def rss_kib(pid: int) -> tuple[int, int]:
     return vals["VmRSS"], vals["RssShmem"]
 
 
+def cpu_ticks(pid: int) -> int:
+    """User + system CPU of ``pid`` so far, in clock ticks (``/proc/<pid>/stat``); 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+
+
 class TreeRss:
-    """Samples the summed RSS of a process tree every ``every`` seconds on a thread, keeping peaks."""
+    """Samples the summed RSS of a process tree every ``every`` seconds on a thread, keeping peaks,
+    and each process's CPU time as last seen (``cpu_s``: their sum; a process's last < 0.2 s is missed)."""
 
     def __init__(self, root: int, every: float = SAMPLE_EVERY_S) -> None:
         self.root, self.every = root, every
         self.peak_kib = self.peak_private_kib = self.peak_procs = self.samples = 0
+        self._cpu: dict[int, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -99,7 +111,13 @@ class TreeRss:
         self.peak_kib = max(self.peak_kib, total)
         self.peak_private_kib = max(self.peak_private_kib, total - sum(s for _, s in rss))
         self.peak_procs = max(self.peak_procs, sum(1 for r, _ in rss if r))
+        for p in pids:
+            self._cpu[p] = max(self._cpu.get(p, 0), cpu_ticks(p))
         self.samples += 1
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(self._cpu.values()) / os.sysconf("SC_CLK_TCK")
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -123,7 +141,7 @@ def measure(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> dic
         with TreeRss(proc.pid) as mem:
             rc = proc.wait()
         wall = time.monotonic() - start
-    return {"wall_s": wall, "rc": rc, "peak_rss_mib": mem.peak_kib / 1024,
+    return {"wall_s": wall, "rc": rc, "cpu_s": mem.cpu_s, "peak_rss_mib": mem.peak_kib / 1024,
             "peak_private_mib": mem.peak_private_kib / 1024, "procs": mem.peak_procs, "samples": mem.samples}
 
 
@@ -204,11 +222,12 @@ def _timing(res: dict) -> str:
 
 
 def table(results: dict[str, dict], durations: dict[str, float]) -> str:
-    lines = ["| run | input (s) | wall (s) | x real time | peak RSS, tree (MiB) | less shared (MiB) | processes | "
-             "run.json timing | exit |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+    lines = ["| run | input (s) | wall (s) | x real time | CPU, tree (s) | peak RSS, tree (MiB) | less shared (MiB) | "
+             "processes | run.json timing | exit |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     for name, r in results.items():
         d = durations[name]
-        lines.append(f"| {name} | {d:g} | {r['wall_s']:.1f} | {d / r['wall_s']:.2f} | {r['peak_rss_mib']:.0f} | "
+        lines.append(f"| {name} | {d:g} | {r['wall_s']:.1f} | {d / r['wall_s']:.2f} | {r['cpu_s']:.1f} | "
+                     f"{r['peak_rss_mib']:.0f} | "
                      f"{r['peak_private_mib']:.0f} | {r['procs']} | {_timing(r)} | {r['rc']} |")
     return "\n".join(lines)
 
@@ -222,7 +241,9 @@ def ratios(results: dict[str, dict], durations: dict[str, float]) -> list[str]:
                    f"{durations['default'] / 2:g} s)")
     if "same" in rate and "naive" in rate:
         out.append(f"- same work vs naive script: {rate['same'] / rate['naive']:.2f}x its rate (target >= 1.8x); "
-                   f"peak RSS {results['same']['peak_rss_mib'] / results['naive']['peak_rss_mib']:.2f}x")
+                   f"peak RSS {results['same']['peak_rss_mib'] / results['naive']['peak_rss_mib']:.2f}x; CPU "
+                   f"{results['same']['cpu_s']:.0f} s vs {results['naive']['cpu_s']:.0f} s (on a shared machine "
+                   "the CPU seconds move less than the wall)")
     if "default" in rate and "same" in rate:
         out.append(f"- default vs same work: {rate['default'] / rate['same']:.2f}x the rate")
     if "default" in results and "long" in results:
@@ -269,9 +290,13 @@ def main(argv: list[str] | None = None) -> int:
             r = run_one("default", long_manifest, work, tag="-long")
             results["long"], durations["long"] = r, args.long
         load = os.getloadavg()
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True).stdout.splitlines()
         print(f"modalign end to end: sample meeting of {args.duration:g} s (25 fps 640x360 video with sound, lapel "
               f"audio, slides); {os.cpu_count()} cores; load average after the runs {load[0]:.2f} / {load[1]:.2f} / "
-              f"{load[2]:.2f}; RSS sampled every {SAMPLE_EVERY_S} s over each run's process tree\n")
+              f"{load[2]:.2f}; RSS sampled every {SAMPLE_EVERY_S} s over each run's process tree; code at "
+              f"{head.stdout.strip() or '?'}" + (f" with {len(dirty)} tracked file(s) changed" if dirty else "") + "\n")
         print(table(results, durations))
         print()
         print("\n".join(ratios(results, durations)))

@@ -46,6 +46,7 @@ def test_measure_sums_rss_over_the_whole_tree(tmp_path):
     assert res["peak_rss_mib"] < 360 + 3 * 60
     assert res["peak_private_mib"] <= res["peak_rss_mib"]
     assert res["samples"] >= 5 and res["wall_s"] >= 1.5
+    assert 0 < res["cpu_s"] < 2 * res["wall_s"]  # three interpreters' start-up and the writes, counted
 
 
 def test_process_tree_of_a_gone_process_is_itself_only(tmp_path):
@@ -85,7 +86,7 @@ def test_report_rates_and_ratios(tmp_path):
     log = tmp_path / "naive.log"
     log.write_text('loading\ncounts: {"frames": 1}\nnoise\ncounts: {"frames": 150, "pii_replaced": 8}\n')
     assert e2e.naive_counts(log) == {"frames": 150, "pii_replaced": 8}
-    r = lambda wall, rss: {"wall_s": wall, "peak_rss_mib": rss, "peak_private_mib": rss, "procs": 1, "rc": 0,
+    r = lambda wall, rss: {"wall_s": wall, "cpu_s": 2 * wall, "peak_rss_mib": rss, "peak_private_mib": rss, "procs": 1, "rc": 0,
                            "produced": {"timing": {"ray_start_s": 4.25, "processing_s": 20.0}}}
     results = {"default": r(30.0, 2000.0), "same": r(20.0, 1800.0), "naive": r(40.0, 900.0), "long": r(200.0, 2400.0)}
     durations = {"default": 60.0, "same": 60.0, "naive": 60.0, "long": 120.0}
@@ -94,7 +95,7 @@ def test_report_rates_and_ratios(tmp_path):
     assert "same work vs naive script: 2.00x its rate" in text and "peak RSS 2.00x" in text
     assert "120 s vs 60 s session (default policy): 1.20x" in text
     rows = e2e.table(results, durations).splitlines()
-    assert rows[2].startswith("| default | 60 | 30.0 | 2.00 | 2000 |") and "Ray 4.2 s, processing 20.0 s" in rows[2]
+    assert rows[2].startswith("| default | 60 | 30.0 | 2.00 | 60.0 | 2000 |") and "Ray 4.2 s, processing 20.0 s" in rows[2]
 
 
 def test_naive_offset_estimate_finds_a_known_lag():
