@@ -73,6 +73,13 @@ class FacePolicy(_Strict):
         2, description="2: the tiled and fine passes run on every other scanned frame of a dense stream; the frames "
                        "between get the whole frame and a close look at each track it missed"
     )
+    full_every: int = Field(
+        2, ge=1, le=8,
+        description="with tracking, in a dense stream: the tiles and the fine grid run on every full_every-th scan "
+                    "(2: every other one); the scans between get the whole frame and a close look at each track it "
+                    "missed. A face first found on a full scan is covered back in time (track_hold_s), so keep "
+                    "full_every * tile_every frames under track_hold_s",
+    )
     second_pass: bool = Field(
         True,
         description="a second model (mediapipe short-range) also runs on the tiles and, closer, around each tracked "

@@ -420,6 +420,7 @@ class _Segment:
     scanned_t: int | None = None  # time of the last scanned row
     flags: list[tuple[bool, bool, bool] | None] = field(default_factory=lambda: [None, None])  # (scanned, tiles, fine) of the last two
     full_scans: int = 0  # scans with the tiles and the fine grid so far (the close grid's schedule)
+    light_scans: int = 0  # scans since the last one with the tiles and the fine grid (``FacePolicy.full_every``)
     rows: list[_Row] = field(default_factory=list)  # scanned, boxes not final yet, oldest first
 
 
@@ -561,10 +562,13 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
         """Detect (and track) the faces of ``row``; ``next_t``: the next row's time (None: last row)."""
         pol = self.config.face
         scan = _tiled(row.pos, pol.tile_every, seg.scanned_t, row.t_ns, next_t)
-        tiled, fine = _passes(scan, seg.flags, last=next_t is None, alternate=seg.tracks is not None)
+        tiled, fine = _passes(scan, seg.flags, last=next_t is None, alternate=seg.tracks is not None,
+                              light=seg.light_scans, every=pol.full_every)
         close = tiled and fine and ((CLOSE_EVERY > 0 and seg.full_scans % CLOSE_EVERY == 0)
                                     or _sparse(seg.scanned_t, row.t_ns, next_t))
         seg.full_scans += tiled and fine
+        if scan:
+            seg.light_scans = 0 if tiled and fine else seg.light_scans + 1
         seg.flags, seg.scanned_t = [seg.flags[1], (scan, tiled, fine)], row.t_ns
         seg.rows.append(row)
         if seg.tracks is None:
@@ -795,14 +799,15 @@ def _sparse(prev_t: int | None, t: int, next_t: int | None) -> bool:
 
 
 def _passes(scan: bool, flags: list[tuple[bool, bool, bool] | None], last: bool,
-            alternate: bool) -> tuple[bool, bool]:
+            alternate: bool, light: int = 1, every: int = 2) -> tuple[bool, bool]:
     """(tiles, fine) of a frame: does it get the first model's tiles, the second model's finer
     grid? A frame ``_tiled`` does not pick gets neither (the whole frame only). In a dense
     stream (scans two apart) the finer grid runs on every other scan; with ``alternate``
     (tracking: a face found on one full scan is followed, and covered back in time) so do
-    the tiles, the scans between getting the whole frame (and the closer looks at missed
-    tracks). The first frame after a gap, sparse frames and the stream's last frame get
-    both. ``flags``: (scanned, tiles, fine) of the two frames before it."""
+    the tiles, on every ``every``-th scan (``light``: scans since the last full one), the
+    scans between getting the whole frame (and the closer looks at missed tracks). The first
+    frame after a gap, sparse frames and the stream's last frame get both. ``flags``:
+    (scanned, tiles, fine) of the two frames before it."""
     if not scan:
         return False, False
     two, one = flags
@@ -811,7 +816,7 @@ def _passes(scan: bool, flags: list[tuple[bool, bool, bool] | None], last: bool,
         return True, True
     if not alternate:
         return True, not two[2]
-    both = not two[1]
+    both = light >= every - 1
     return both, both
 
 

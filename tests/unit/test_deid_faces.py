@@ -327,6 +327,15 @@ def test_tiled_pass_every_other_frame_only_in_dense_streams(canvas):
     sparse = frames_table([canvas] * 3).set_column(1, "t_ns", pa.array([0, 1_000_000_000, 2_000_000_000], pa.int64()))
     run(o, sparse)  # 1 s apart (sampled frames): the tracks cannot bridge, every frame is tiled
     assert o._detector.calls == ["TF"] * 3
+    # full_every 4: with tracking, every 4th scan (every 8th frame) gets the tiles and the fine grid;
+    # by stream position, for any batching
+    four = ["TF"] + ["-"] * 7 + ["TF"] + ["-"] * 7 + ["TF", "TF"]
+    for tables in ([frames_table([canvas] * 5), frames_table([canvas] * 13, start=5)],
+                   [frames_table([canvas], start=i) for i in range(18)]):
+        o = FaceBlurOperator(FaceBlurConfig(secret=SECRET, face=FacePolicy(full_every=4)))
+        o._detector = Counting()
+        run(o, *tables)
+        assert o._detector.calls == four
 
 
 def test_mask_action_fills_the_box_with_one_colour(op, canvas):
