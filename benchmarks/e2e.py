@@ -93,6 +93,25 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
 
 
+def process_name(pid: int) -> str:
+    """A short name: a Ray worker's actor or task (``ray::IngestActor``), a script's or binary's file name."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return "?"
+    if not argv:
+        return "?"
+    if argv[0].startswith("ray::"):
+        return argv[0].split(".", 1)[0].split(" ", 1)[0]
+    for i, a in enumerate(argv[1:], 1):  # the interpreter's options, then a script, -m module or -c
+        if a == "-m" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a == "-c" or not a.startswith("-"):
+            return os.path.basename(a if a.endswith(".py") else argv[0])
+    return os.path.basename(argv[0])
+
+
 class TreeRss:
     """Samples the summed RSS of a process tree every ``every`` seconds on a thread, keeping peaks,
     and each process's CPU time as last seen (``cpu_s``: their sum; a process's last < 0.2 s is missed)."""
@@ -101,6 +120,7 @@ class TreeRss:
         self.root, self.every = root, every
         self.peak_kib = self.peak_private_kib = self.peak_procs = self.samples = 0
         self._cpu: dict[int, int] = {}
+        self._names: dict[int, str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -113,11 +133,22 @@ class TreeRss:
         self.peak_procs = max(self.peak_procs, sum(1 for r, _ in rss if r))
         for p in pids:
             self._cpu[p] = max(self._cpu.get(p, 0), cpu_ticks(p))
+            name = process_name(p)
+            if name != "?":
+                self._names[p] = name  # a Ray worker takes its actor's name after it starts
         self.samples += 1
 
     @property
     def cpu_s(self) -> float:
         return sum(self._cpu.values()) / os.sysconf("SC_CLK_TCK")
+
+    def cpu_by_name(self) -> dict[str, float]:
+        """CPU seconds per process name, largest first."""
+        out: dict[str, float] = {}
+        for p, ticks in self._cpu.items():
+            name = self._names.get(p, "?")
+            out[name] = out.get(name, 0.0) + ticks / os.sysconf("SC_CLK_TCK")
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -141,7 +172,8 @@ def measure(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> dic
         with TreeRss(proc.pid) as mem:
             rc = proc.wait()
         wall = time.monotonic() - start
-    return {"wall_s": wall, "rc": rc, "cpu_s": mem.cpu_s, "peak_rss_mib": mem.peak_kib / 1024,
+    return {"wall_s": wall, "rc": rc, "cpu_s": mem.cpu_s, "cpu_by_process": mem.cpu_by_name(),
+            "peak_rss_mib": mem.peak_kib / 1024,
             "peak_private_mib": mem.peak_private_kib / 1024, "procs": mem.peak_procs, "samples": mem.samples}
 
 
@@ -253,6 +285,12 @@ def ratios(results: dict[str, dict], durations: dict[str, float]) -> list[str]:
     return out
 
 
+def cpu_lines(results: dict[str, dict]) -> list[str]:
+    """Where each run's CPU went, per process (seconds; the top 6)."""
+    return [f"- {name}: " + ", ".join(f"{p} {s:.1f}" for p, s in list(r.get("cpu_by_process", {}).items())[:6])
+            for name, r in results.items()]
+
+
 def produced(results: dict[str, dict]) -> list[str]:
     return [f"- {name}: {json.dumps(r['produced'], sort_keys=True)}" for name, r in results.items()]
 
@@ -300,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         print(table(results, durations))
         print()
         print("\n".join(ratios(results, durations)))
+        print("\nCPU seconds by process:")
+        print("\n".join(cpu_lines(results)))
         print("\nproduced:")
         print("\n".join(produced(results)))
         failed = [n for n, r in results.items() if r["rc"] not in (0, 3)]

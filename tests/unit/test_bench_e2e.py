@@ -47,6 +47,22 @@ def test_measure_sums_rss_over_the_whole_tree(tmp_path):
     assert res["peak_private_mib"] <= res["peak_rss_mib"]
     assert res["samples"] >= 5 and res["wall_s"] >= 1.5
     assert 0 < res["cpu_s"] < 2 * res["wall_s"]  # three interpreters' start-up and the writes, counted
+    assert list(res["cpu_by_process"]) == [Path(sys.executable).name]  # all three are "python -c"
+    assert sum(res["cpu_by_process"].values()) == pytest.approx(res["cpu_s"])
+
+
+def test_process_names():
+    import os
+
+    import subprocess
+
+    assert e2e.process_name(os.getpid()) == "pytest"  # python -m pytest ...
+    p = subprocess.Popen([sys.executable, "-u", str(ROOT / "benchmarks" / "naive_pipeline.py"), "--help"],
+                         stdout=subprocess.DEVNULL)
+    try:
+        assert e2e.process_name(p.pid) in ("naive_pipeline.py", "?")  # "?" only if it has already exited
+    finally:
+        p.wait()
 
 
 def test_process_tree_of_a_gone_process_is_itself_only(tmp_path):
