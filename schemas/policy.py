@@ -80,6 +80,12 @@ class FacePolicy(_Strict):
                     "missed. A face first found on a full scan is covered back in time (track_hold_s), so keep "
                     "full_every * tile_every frames under track_hold_s",
     )
+    reuse_threshold: int = Field(
+        12, ge=0, le=255,
+        description="a tile (or the whole frame) whose grayscale 8x8 px cell means all moved by less than this since "
+                    "a model last ran on it gets that run's detections again (the same pixels, the same answer); "
+                    "0: every region detected on every scan",
+    )
     second_pass: bool = Field(
         True,
         description="a second model (mediapipe short-range) also runs on the tiles and, closer, around each tracked "
@@ -190,7 +196,7 @@ class DeidPolicy(_Strict):
     """Versioned de-identification policy for all modalities."""
 
     policy_id: str = Field("modalign-default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-    version: str = Field("7", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+    version: str = Field("8", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
     legal_basis: str = Field("", description="free-text note recorded with the policy")
     face: FacePolicy = FacePolicy()
     voice: VoicePolicy = VoicePolicy()

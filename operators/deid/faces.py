@@ -32,6 +32,16 @@ also see the frame padded to ``ZOOM_OUT`` (1.5) times its longer side, edges rep
 (``detect_wide``); a box both find is kept (LFW faces filling a 640x360 frame: 51 -> 85 of 100
 covered, 0 boxes on 100 non-face close-ups).
 
+Unchanged regions: the whole frame and each tile of a scan are compared, as grayscale means
+of 8x8 px cells (``change_cells``), with what they were the last time that model ran on them
+in this stream; when no cell moved by ``FacePolicy.reuse_threshold`` (12 grey levels;
+re-encoding noise moves a cell by 2-6, a face entering or moving by far more), the model's
+detections of that time are used again instead of running it (the same pixels give the same
+answer). In a fixed camera's view only the tiles around what moves are detected again. The
+comparison is with the last run, not the last frame, so slow drift cannot add up unseen;
+the record belongs to the stream (``forget`` on a new stream or frame shape), so output stays
+byte-identical for any batching. The closer looks (``detect_near``, verification) always run.
+
 Second pass: with ``FacePolicy.second_pass`` the short-range model (another network) also
 runs on the tiles, and on an upscaled crop around each tracked face the first pass missed
 in a frame, so a face is re-found (and its box stays tight) rather than guessed. A weak
@@ -114,6 +124,7 @@ CLOSE_OVERLAP = 0.35  # fraction of a close tile shared with its neighbour (a 12
 CLOSE_EVERY = 0  # dense streams: every this many full scans get the close grid (0: none; sparse frames: each)
 ZOOM_OUT = 1.5  # the zoom-out pass: the frame padded (edges repeated) to a square of this many longer sides (0: off)
 ZOOM_SIDE = 384  # ... seen at this many pixels a side (both models' inputs are 128-192 px)
+REUSE_CELL = 8  # px side of the cells the unchanged-region test compares
 RESIDUAL_CONTRAST = 0.1  # blur_permute keeps this fraction of the blurred box's spread around its mean
 DENSE_GAP_NS = 100_000_000  # frames closer than this count as consecutive for tile_every
 
@@ -270,12 +281,17 @@ class _MediapipeDetector:
     ``detect_near``, on an upscaled crop around each tracked face the first pass missed.
     """
 
-    def __init__(self, model_selection: int, min_score: float, tiles: int = 1, second: bool = False) -> None:
+    def __init__(self, model_selection: int, min_score: float, tiles: int = 1, second: bool = False,
+                 reuse_levels: int = 0) -> None:
         mp = require("mediapipe")
         fd = mp.solutions.face_detection
         self._fd = fd.FaceDetection(model_selection=model_selection, min_detection_confidence=min_score)
         self._fd2 = fd.FaceDetection(model_selection=1 - model_selection, min_detection_confidence=min_score) if second else None
         self.tiles = tiles
+        self.reuse_levels = reuse_levels  # FacePolicy.reuse_threshold; 0: every region detected every time
+        # (model, region) -> (the region's cells when it was last detected, its detections then)
+        self._seen: dict[tuple[int, tuple[int, int, int, int]], tuple[np.ndarray, list]] = {}
+        self.reused = self.detected = 0  # region calls answered from ``_seen`` / run
         names = ("short-range", "full-range")
         self.name = f"mediapipe-face-detection@{mp.__version__}/{names[model_selection]}" + (f"/tiles{tiles}" if tiles > 1 else "")
         if second:
@@ -285,13 +301,36 @@ class _MediapipeDetector:
         """Detections of the whole frame; with ``tiled`` also of the tiles and, with ``fine``,
         of the second model's finer grid (also without ``tiled``)."""
         h, w = rgb.shape[:2]
+        cells = change_cells(rgb) if self.reuse_levels else None
         out = []
         for region in tile_regions(w, h, self.tiles if tiled else 1):
-            out += _run(self._fd, rgb, region)
+            out += self._region(self._fd, rgb, region, cells)
         if fine and self._fd2 is not None and self.tiles > 1:
             for region in tile_regions(w, h, SECOND_TILES)[1:]:
-                out += _run(self._fd2, rgb, region)
+                out += self._region(self._fd2, rgb, region, cells)
         return out
+
+    def _region(self, fd: Any, rgb: np.ndarray, region: tuple[int, int, int, int],
+                cells: np.ndarray | None) -> list[tuple[float, float, float, float, float]]:
+        """``_run``, or the detections of the last time this model ran on ``region`` when none of
+        its cells changed by ``reuse_levels`` since (the same pixels give the same answer: see
+        "Unchanged regions")."""
+        if cells is None:
+            return _run(fd, rgb, region)
+        key = (0 if fd is self._fd else 1, region)
+        mine = cells[region[1] // REUSE_CELL: -(-region[3] // REUSE_CELL), region[0] // REUSE_CELL: -(-region[2] // REUSE_CELL)]
+        seen = self._seen.get(key)
+        if seen is not None and seen[0].shape == mine.shape and not (np.abs(seen[0] - mine) >= self.reuse_levels).any():
+            self.reused += 1
+            return list(seen[1])
+        found = _run(fd, rgb, region)
+        self._seen[key] = (mine.copy(), found)
+        self.detected += 1
+        return found
+
+    def forget(self) -> None:
+        """A new stream or segment: no region's earlier answer is reused."""
+        self._seen.clear()
 
     def detect_close(self, rgb: np.ndarray) -> list[tuple[float, float, float, float, float]]:
         """Detections of the second model on the close grid (``close_regions``); none without
@@ -299,7 +338,8 @@ class _MediapipeDetector:
         if self._fd2 is None or self.tiles <= 1:
             return []
         h, w = rgb.shape[:2]
-        return [b for region in close_regions(w, h) for b in _run(self._fd2, rgb, region)]
+        cells = change_cells(rgb) if self.reuse_levels else None
+        return [b for region in close_regions(w, h) for b in self._region(self._fd2, rgb, region, cells)]
 
     def detect_wide(self, rgb: np.ndarray) -> list[tuple[float, float, float, float, float]]:
         """The zoom-out pass: faces that fill the frame (close-ups), found by both models in the
@@ -353,6 +393,14 @@ class _MediapipeDetector:
         self._fd.close()
         if self._fd2 is not None:
             self._fd2.close()
+
+
+def change_cells(rgb: np.ndarray) -> np.ndarray:
+    """Grayscale means of ``REUSE_CELL`` px cells (float32): what "unchanged" is measured on."""
+    cv2 = require("cv2")
+    gray = cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2GRAY)
+    h, w = gray.shape
+    return cv2.resize(gray, (-(-w // REUSE_CELL), -(-h // REUSE_CELL)), interpolation=cv2.INTER_AREA).astype(np.float32)
 
 
 def _run(fd: Any, rgb: np.ndarray, region: tuple[int, int, int, int]) -> list[tuple[float, float, float, float, float]]:
@@ -437,7 +485,7 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
     """
 
     kind = "face_blur"
-    version = "0.8.0"
+    version = "0.9.0"
     config_model = FaceBlurConfig
 
     def __init__(self, config: FaceBlurConfig | None = None) -> None:
@@ -453,7 +501,7 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
         self._secret = cfg.secret if cfg.secret is not None else os.urandom(32)
         if cfg.face.action != "keep" and self._detector is None:
             self._detector = _MediapipeDetector(cfg.model_selection, cfg.face.min_score, cfg.face.tiles,
-                                                cfg.face.second_pass)
+                                                cfg.face.second_pass, cfg.face.reuse_threshold)
         self._ready = True
 
     def reset(self) -> None:
@@ -543,6 +591,8 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
 
     def _new_segment(self, stream: str | None, schema: pa.Schema, shape: tuple[int, int]) -> _Segment:
         pol = self.config.face
+        if hasattr(self._detector, "forget"):  # earlier answers belong to the stream (and its frame shape)
+            self._detector.forget()
         h, w = shape
         if pol.track_hold_s > 0:
             return _Segment(stream, schema, shape, Hindsight(w, h, pol.temporal_window, pol.track_hold_s),

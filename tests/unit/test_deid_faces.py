@@ -510,3 +510,39 @@ def test_close_up_filling_the_frame_found_by_the_zoom_out_pass(monkeypatch):
     assert b["x0"] <= x + H * 0.3 and b["x1"] >= x + H * 0.7 and b["y0"] <= H * 0.3 and b["y1"] >= H * 0.7
     monkeypatch.setattr(mod, "ZOOM_OUT", 0)
     assert boxes() == []
+
+
+def test_unchanged_regions_get_their_last_detections_changed_ones_are_detected_again(canvas, blacked):
+    """``FacePolicy.reuse_threshold``: a region whose 8x8 cells all moved by less than the
+    threshold since a model last ran on it gets that run's answer; a changed one is run again."""
+    from modalign.operators.deid.faces import SECOND_TILES, _MediapipeDetector, tile_regions
+
+    regions = len(tile_regions(W, H, 2)) + len(tile_regions(W, H, SECOND_TILES)) - 1
+    det = _MediapipeDetector(1, 0.5, 2, second=True, reuse_levels=12)
+    first = det.detect(canvas)
+    assert any(b[0] < FACE_CENTRE[0] < b[2] and b[1] < FACE_CENTRE[1] < b[3] for b in first)
+    assert (det.detected, det.reused) == (regions, 0)
+    noisy = np.clip(canvas.astype(int) + np.random.default_rng(0).integers(-3, 4, canvas.shape), 0, 255).astype(np.uint8)
+    assert det.detect(noisy) == first and det.reused == regions  # re-encoding noise: the same answer
+    hidden = det.detect(blacked)  # the face's regions changed: run again, and the face is gone from them
+    assert regions < det.detected < 2 * regions
+    assert not any(b[0] < FACE_CENTRE[0] < b[2] and b[1] < FACE_CENTRE[1] < b[3] for b in hidden)
+    ran, reused = det.detected, det.reused
+    det.forget()  # a new stream: nothing is reused
+    assert det.detect(canvas) == first and (det.detected - ran, det.reused - reused) == (regions, 0)
+    off = _MediapipeDetector(1, 0.5, 2, second=True, reuse_levels=0)
+    off.detect(canvas), off.detect(canvas)
+    assert off.reused == 0
+
+
+def test_reuse_gives_the_boxes_of_detecting_every_region(canvas, blacked):
+    """A clip of a still face, hidden for a while, then back: the same boxes in every frame with
+    reuse on as with it off."""
+    clip = [canvas] * 8 + [blacked] * 10 + [canvas] * 8
+    boxes = {}
+    for levels in (0, 12):
+        o = FaceBlurOperator(FaceBlurConfig(secret=SECRET, face=FacePolicy(reuse_threshold=levels)))
+        boxes[levels] = run(o, frames_table(clip[:11]), frames_table(clip[11:], start=11)).column("face_boxes").to_pylist()
+        if levels:
+            assert o._detector.reused > 0
+    assert boxes[12] == boxes[0]

@@ -31,8 +31,8 @@ def test_unknown_config_key_names_the_dotted_field(tmp_path):
 def test_config_values_are_validated(tmp_path):
     with pytest.raises(ConfigError, match="align.tick_hz"):
         load_model(RunConfig, _write(tmp_path, "align: {tick_hz: -1}\n"))
-    cfg = load_model(RunConfig, _write(tmp_path, "align: {tick_hz: 30}\npolicy: {version: '7'}\n"))
-    assert cfg.align.tick_hz == 30 and cfg.policy.tag.startswith("modalign-default@7+")
+    cfg = load_model(RunConfig, _write(tmp_path, "align: {tick_hz: 30}\npolicy: {version: '8'}\n"))
+    assert cfg.align.tick_hz == 30 and cfg.policy.tag.startswith("modalign-default@8+")
 
 
 @pytest.mark.parametrize("body, field", [
