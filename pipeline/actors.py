@@ -62,10 +62,6 @@ class IngestActor:
             for op in self.worker.chain(modality, tenant):
                 op.ensure_setup()
 
-    def frame_index(self, job: Any) -> Any:
-        """Frame and keyframe times of a video source (demux only), for the runner's range plan."""
-        return self.worker.frame_index(job)
-
     def ingest(self, job: Any):
         from dataclasses import replace
 
@@ -178,15 +174,26 @@ class ActorPool:
 
     def ready(self, config: RunConfig, out_root: str, key_store_dir: str, attempt: str, n_ingest: int,
               embed_options: dict, chains: list[tuple[str, str]]) -> float:
-        """Make the pool ready for a run; returns the seconds until every actor answered."""
+        """Make the pool ready for a run; returns the seconds until every actor answered.
+
+        A warm pool whose actors cannot answer any more (restarts used up in an earlier run of
+        the watch) is replaced by a fresh one, once."""
         t = time.perf_counter()
         modalities = sorted({m for m, _tenant in chains})
-        if self.embedder is None:
-            cfg_json = config.model_dump_json()
-            self.ingest = [IngestActor.options(num_cpus=1).remote(cfg_json, out_root, key_store_dir, chains)
-                           for _ in range(n_ingest)]
-            self.embedder = EmbedActor.options(**embed_options).remote(cfg_json, out_root, attempt, modalities)
-        ray.get([a.warm.remote(chains) for a in self.ingest] + [self.embedder.begin.remote(attempt, modalities)])
+        for fresh in (False, True):
+            if self.embedder is None:
+                cfg_json = config.model_dump_json()
+                self.ingest = [IngestActor.options(num_cpus=1).remote(cfg_json, out_root, key_store_dir, chains)
+                               for _ in range(n_ingest)]
+                self.embedder = EmbedActor.options(**embed_options).remote(cfg_json, out_root, attempt, modalities)
+            try:
+                ray.get([a.warm.remote(chains) for a in self.ingest] +
+                        [self.embedder.begin.remote(attempt, modalities)])
+                break
+            except ray.exceptions.RayActorError:
+                if fresh or self.runs == 0:  # a fresh pool that cannot start: the machine's problem
+                    raise
+                self.close()
         self.runs += 1
         return time.perf_counter() - t
 

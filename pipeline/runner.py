@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import pyarrow.compute as pc
 
-from modalign.operators.modalities import PLANS
+from modalign.operators.modalities import PLANS, plan_for
 from modalign.pipeline.commits import CommitLog, Snapshot, sweep
 from modalign.pipeline.discovery import ObjectPath, Session, discover_input
 from modalign.pipeline.erasure import Denylist, carried_shared
@@ -61,6 +61,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_QUARANTINED = 3  # the run completed, some inputs (or ranges) were quarantined
 SOURCE_RETRIES = 2  # a source whose stream failed before its first item (its actor was restarting)
+MODALITY_ORDER = {"video": 0, "audio": 1, "pdf": 2}  # longest job first: the order sources go to free actors
 
 # Packages whose versions run.json records; alternatives are distributions of one module
 # (the GPU image swaps faiss-cpu for faiss-gpu).
@@ -115,8 +116,12 @@ class _SourceStream:
 
 class Runner:
     def __init__(self, config: RunConfig, out: Path, progress: Callable[[str], None] | None = None, *,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, pool: Any = None) -> None:
+        """``pool``: an ``actors.ActorPool`` to run on and leave running (a watch's, warm across its
+        batches); None: the run starts its own and kills it at the end."""
         self.config = config
+        self.pool = pool
+        self.timing: dict[str, float] = {}  # run.json ``timing``: start-up apart from processing
         self.out: Path | str = OutputLayout.of(out, config.storage).where  # a folder or s3://bucket/prefix
         self.layout = OutputLayout.of(self.out, config.storage)
         self.progress = progress or (lambda msg: log.info(msg))
@@ -167,7 +172,9 @@ class Runner:
         committed = None
         try:
             summary = self._run(sessions)
+            t = time.perf_counter()
             committed = self._commit(lease, commits, base, summary)
+            summary.setdefault("timing", {})["commit_s"] = round(time.perf_counter() - t, 3)  # run.json's
             self.lineage.complete(committed)
         except BaseException as exc:
             self.lineage.end(exc)  # FAIL, or ABORT when interrupted
@@ -186,31 +193,29 @@ class Runner:
         return summary
 
     def _run(self, sessions: list[Session]) -> dict:
-        """Ingest, align and embed every session; returns the run summary."""
+        """Ingest, align and embed every session; returns the run summary (with ``timing``:
+        Ray start-up, actors ready, processing; ``_commit`` adds the commit's)."""
+        import queue
+
         import ray
 
         from modalign.operators.embed.device import embed_actor_resources
-        from modalign.pipeline.actors import AlignerActor, EmbedActor, IngestActor
+        from modalign.pipeline.actors import ActorPool, AlignerActor
 
         started = time.time()
+        t = time.perf_counter()
         cpus = self._init_ray()
-        n_ingest = self.config.runtime.ingest_actors or max(1, cpus - 1)
+        self.timing = {"ray_start_s": round(time.perf_counter() - t, 3)}
+        n_ingest = self.config.runtime.ingest_actors or cpus  # every core; the embed actor takes none (below)
         cfg_json = self.config.model_dump_json()
         self.progress(f"run {self.run_id[:8]}: {len(sessions)} session(s), {n_ingest} ingest actor(s), {cpus} CPU(s)")
         if self.layout.cache_dir is None:
             self.progress("feature cache: in memory for this run only (none is kept on an s3:// OUT; a re-run "
                           "recomputes the features)")
 
-        actors: list[Any] = []
+        pool = self.pool if self.pool is not None else ActorPool()  # a watch's warm pool, else the run's own
+        aligners: list[Any] = []
         try:
-            ingest_actors = [IngestActor.options(num_cpus=1).remote(cfg_json, str(self.out), str(self.key_store))
-                             for _ in range(n_ingest)]
-            actors += ingest_actors
-            gpu = embed_actor_resources(self.config.embed.device, ray.cluster_resources().get("GPU", 0))
-            embedder = EmbedActor.options(num_cpus=1 if cpus > 1 else 0, **gpu).remote(cfg_json, str(self.out),
-                                                                                        self.attempt)
-            actors.append(embedder)
-
             self.states: list[_SessionState] = []
             jobs: list[tuple[_SessionState, SourceJob]] = []
             for s in sessions:
@@ -219,12 +224,41 @@ class Runner:
                 session_jobs = [j for j in (self._job(st, spec) for spec in s.manifest.ingest_sources()) if j]
                 st.aligner = AlignerActor.options(num_cpus=0).remote(
                     s.manifest.session_id, cfg_json, str(self.out), self.attempt, [j.spec.id for j in session_jobs])
-                actors.append(st.aligner)
+                aligners.append(st.aligner)
                 jobs += [(st, j) for j in session_jobs]
 
-            with ThreadPoolExecutor(max_workers=n_ingest) as pool:
-                futures = [pool.submit(self._ingest_one, st, job, ingest_actors[i % n_ingest], embedder)
-                           for i, (st, job) in enumerate(jobs)]
+            gpu = embed_actor_resources(self.config.embed.device, ray.cluster_resources().get("GPU", 0))
+            # The ingest actors take every CPU, so an embed actor asking for one would never be
+            # scheduled on a single machine (2 CPUs: two 1-CPU ingest actors leave none). Ray's CPU
+            # count is a scheduling token, not a limit: on the CPU the embedder asks for none and
+            # shares the cores with the ingest actors (its work comes in bursts, between which an
+            # ingest actor would otherwise leave a reserved core idle); with a GPU, the GPU is what
+            # it is scheduled on, plus a CPU to feed it when the ingest actors leave one over.
+            embed_options = {"num_cpus": 1 if gpu and cpus > n_ingest else 0, **gpu}
+            chains = sorted({(plan_for(j.spec.modality).name, j.tenant) for _st, j in jobs})
+            self.timing["actors_ready_s"] = round(pool.ready(self.config, str(self.out), str(self.key_store),
+                                                             self.attempt, n_ingest, embed_options, chains), 3)
+            t = time.perf_counter()
+            free: queue.Queue = queue.Queue()  # ingest actors with nothing to do
+            for actor in pool.ingest:
+                free.put(actor)
+
+            self.ingested_by: dict[tuple[str, str], int] = {}  # (session, source) -> the ingest actor's index
+
+            def ingest_on_a_free_actor(st: _SessionState, job: SourceJob) -> None:
+                actor = free.get()  # never waits long: as many threads as actors
+                self.ingested_by[(job.session_id, job.spec.id)] = pool.ingest.index(actor)
+                try:
+                    self._ingest_one(st, job, actor, pool.embedder)
+                finally:
+                    free.put(actor)
+
+            # Longest job first (video, then audio, then documents; larger files first), each to
+            # whichever ingest actor is free, so the longest source does not start last.
+            jobs.sort(key=lambda sj: (MODALITY_ORDER.get(sj[1].spec.modality, len(MODALITY_ORDER)),
+                                      -(_file_bytes(sj[1]) or 0)))
+            with ThreadPoolExecutor(max_workers=len(pool.ingest)) as executor:
+                futures = [executor.submit(ingest_on_a_free_actor, st, job) for st, job in jobs]
                 try:
                     for f in futures:
                         f.result()
@@ -236,9 +270,9 @@ class Runner:
             align = {}
             for st in self.states:
                 sid = st.session.manifest.session_id
-                t = time.perf_counter()
+                ta = time.perf_counter()
                 align[sid] = self._finish_aligner(st)
-                self.metrics.aligned(align[sid], time.perf_counter() - t)
+                self.metrics.aligned(align[sid], time.perf_counter() - ta)
                 st.files.update(align[sid]["files"])
                 for k in ("ticks", "gaps", "ctal_rows", "drift_alarms"):
                     self.counts[k] += align[sid][k]
@@ -246,13 +280,18 @@ class Runner:
                 self.lineage.session_done(sid, st.lineage, st.files)
                 self.progress(f"align {sid}: {align[sid]['ticks']} ticks, {align[sid]['gaps']} gaps, "
                               f"{align[sid]['drift_alarms']} drift alarm(s)")
-            cache_stats = self._get(embedder.flush.remote(), "the embed actor")
+            cache_stats = self._get(pool.embedder.flush.remote(), "the embed actor")
             self.metrics.cache_stats(cache_stats)
-        finally:  # a failed run must not leave actors (and their models) behind
-            for a in actors:
+            self.timing["processing_s"] = round(time.perf_counter() - t, 3)
+        finally:  # a failed run must not leave actors (and their models) behind; a watch keeps its pool
+            for a in aligners:
                 ray.kill(a)
+            if self.pool is None:
+                pool.close()
         self._raise_if_halted()
-        return self._summary(sessions, align, cache_stats, time.time() - started)
+        summary = self._summary(sessions, align, cache_stats, time.time() - started)
+        summary["timing"] = dict(self.timing)
+        return summary
 
     # -- the commit --------------------------------------------------------------------
     def _commit(self, lease: Lease, commits: CommitLog, base: Snapshot | None, summary: dict) -> Snapshot:
@@ -729,6 +768,16 @@ def _source_bytes(job: SourceJob) -> int | None:
     track (its file is counted once) and for a file gone meanwhile."""
     if job.spec.track_of is not None:
         return None
+    if getattr(job, "size", None) is not None:
+        return job.size
+    try:
+        return Path(job.path).stat().st_size
+    except (OSError, TypeError):
+        return None
+
+
+def _file_bytes(job: SourceJob) -> int | None:
+    """Size of the file a source is read from (a video's own sound track: the video's file)."""
     if getattr(job, "size", None) is not None:
         return job.size
     try:
