@@ -104,12 +104,17 @@ def process_name(pid: int) -> str:
         return "?"
     if argv[0].startswith("ray::"):
         return argv[0].split(".", 1)[0].split(" ", 1)[0]
+    binary = os.path.basename(argv[0])
+    if not binary.startswith("python"):  # raylet, gcs_server, ...: their own name, whatever the flags
+        return binary
     for i, a in enumerate(argv[1:], 1):  # the interpreter's options, then a script, -m module or -c
         if a == "-m" and i + 1 < len(argv):
             return argv[i + 1]
-        if a == "-c" or not a.startswith("-"):
-            return os.path.basename(a if a.endswith(".py") else argv[0])
-    return os.path.basename(argv[0])
+        if a == "-c":
+            return binary
+        if not a.startswith("-"):  # a script, with or without .py (.venv/bin/pytest)
+            return os.path.basename(a)
+    return binary
 
 
 class TreeRss:

@@ -56,13 +56,38 @@ def test_process_names():
 
     import subprocess
 
-    assert e2e.process_name(os.getpid()) == "pytest"  # python -m pytest ...
+    assert e2e.process_name(os.getpid()) == "pytest"  # python -m pytest, or the .venv/bin/pytest script
     p = subprocess.Popen([sys.executable, "-u", str(ROOT / "benchmarks" / "naive_pipeline.py"), "--help"],
                          stdout=subprocess.DEVNULL)
     try:
         assert e2e.process_name(p.pid) in ("naive_pipeline.py", "?")  # "?" only if it has already exited
     finally:
         p.wait()
+
+
+def named(pid: int, wait_s: float = 5.0) -> str:
+    """The process's name once its exec has finished (right after Popen, cmdline can still be empty)."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while (name := e2e.process_name(pid)) == "?" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return name
+
+
+def test_process_names_of_scripts_without_py_and_of_binaries(tmp_path):
+    import subprocess
+
+    script = tmp_path / "some-tool"  # as pip writes .venv/bin/pytest: no .py
+    script.write_text("import time\ntime.sleep(30)\n")
+    with subprocess.Popen([sys.executable, "-u", str(script)]) as p, \
+            subprocess.Popen(["sleep", "30"]) as q:
+        try:
+            assert named(p.pid) == "some-tool"
+            assert named(q.pid) == "sleep"  # not its argument
+        finally:
+            p.kill()
+            q.kill()
 
 
 def test_process_tree_of_a_gone_process_is_itself_only(tmp_path):
