@@ -235,7 +235,24 @@ def naive_counts(log: Path) -> dict:
     return json.loads(found[-1]) if found else {}
 
 
-def run_one(name: str, manifest: Path, work: Path, tag: str = "") -> dict:
+def with_settings(data: dict, settings: list[str]) -> dict:
+    """``data`` with each ``dotted.key=JSON`` of ``settings`` set (``ingest.video.range_s=null``)."""
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set takes dotted.key=JSON, not {setting!r}")
+        *path, last = key.split(".")
+        node = data
+        for part in path:
+            node = node.setdefault(part, {})
+        try:
+            node[last] = json.loads(value)
+        except ValueError:
+            node[last] = value  # a bare string
+    return data
+
+
+def run_one(name: str, manifest: Path, work: Path, tag: str = "", settings: list[str] = ()) -> dict:
     out = work / f"out-{name}{tag}"
     shutil.rmtree(out, ignore_errors=True)
     log = work / f"{name}{tag}.log"
@@ -243,7 +260,8 @@ def run_one(name: str, manifest: Path, work: Path, tag: str = "") -> dict:
         res = measure(naive_cmd(manifest, out), log)
         res["produced"] = naive_counts(log)
     else:
-        cfg = write_config(work / f"{name}.json", (default_config if name == "default" else same_work_config)(work / "keys"))
+        data = (default_config if name == "default" else same_work_config)(work / "keys")
+        cfg = write_config(work / f"{name}.json", with_settings(data, list(settings)))
         res = measure(modalign_cmd(manifest, out, cfg), log)
         res["produced"] = modalign_counts(out)
     res["log"] = str(log)
@@ -309,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", type=Path, default=None, metavar="DIR",
                     help="work in DIR (inputs, outputs, logs) and keep it; default: a temp folder, removed")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON", dest="settings",
+                    help="set a config field in both modalign runs, e.g. ingest.video.range_s=null (repeatable)")
     args = ap.parse_args(argv)
     only = [r.strip() for r in args.only.split(",") if r.strip()]
     if not only or set(only) - set(RUNS):
@@ -324,13 +344,13 @@ def main(argv: list[str] | None = None) -> int:
         durations = {name: args.duration for name in RUNS}
         for name in only:
             print(f"running {name} ...", file=sys.stderr, flush=True)
-            results[name] = run_one(name, manifest, work)
+            results[name] = run_one(name, manifest, work, settings=args.settings)
         if args.long:
             if "default" not in results:
-                results["default"] = run_one("default", manifest, work)
+                results["default"] = run_one("default", manifest, work, settings=args.settings)
             long_manifest = generate_sample(work / f"sample-{args.long:g}s", duration_s=args.long, seed=args.seed)
             print("running long ...", file=sys.stderr, flush=True)
-            r = run_one("default", long_manifest, work, tag="-long")
+            r = run_one("default", long_manifest, work, tag="-long", settings=args.settings)
             results["long"], durations["long"] = r, args.long
         load = os.getloadavg()
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
@@ -339,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"modalign end to end: sample meeting of {args.duration:g} s (25 fps 640x360 video with sound, lapel "
               f"audio, slides); {os.cpu_count()} cores; load average after the runs {load[0]:.2f} / {load[1]:.2f} / "
               f"{load[2]:.2f}; RSS sampled every {SAMPLE_EVERY_S} s over each run's process tree; code at "
-              f"{head.stdout.strip() or '?'}" + (f" with {len(dirty)} tracked file(s) changed" if dirty else "") + "\n")
+              f"{head.stdout.strip() or '?'}" + (f" with {len(dirty)} tracked file(s) changed" if dirty else "")
+              + (f"; config set: {', '.join(args.settings)}" if args.settings else "") + "\n")
         print(table(results, durations))
         print()
         print("\n".join(ratios(results, durations)))

@@ -62,6 +62,10 @@ class IngestActor:
             for op in self.worker.chain(modality, tenant):
                 op.ensure_setup()
 
+    def video_ranges(self, job: Any) -> list:
+        """The ranges ``job``'s video can be decoded in by several actors ([]: whole)."""
+        return self.worker.video_ranges(job)
+
     def ingest(self, job: Any):
         from dataclasses import replace
 

@@ -6,7 +6,9 @@ rows inside are the row models of ``schemas.tables``, validated where they are m
 
 Order for one source: ``ClockItem`` (only when its clock is estimated or verified), then
 ``SourceItem``, then ``MetaItem``/``EmbedItem`` pairs per batch, any ``QuarantineItem``,
-and ``DoneItem`` last (or ``FaultItem`` when OUT failed, and nothing after it).
+and ``DoneItem`` last (or ``FaultItem`` when OUT failed, and nothing after it). A video split
+into ranges (``SourceJob.range``) streams this once per range, each from its own worker; the
+driver puts the ranges back together in time order.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from modalign.schemas.manifest import ClockMapping, SourceSpec
 from modalign.schemas.tables import LineageColumns, QuarantineRow, SourceLineageRow
 
 if TYPE_CHECKING:
+    from modalign.operators.ingest.video import VideoRange
     from modalign.pipeline.discovery import ObjectPath
 
 
@@ -38,6 +41,7 @@ class SourceJob:
     reference: "tuple[Path | ObjectPath, ClockMapping] | None" = None  # (source, clock) to estimate/verify against
     roots: "tuple[Path | ObjectPath, ...]" = ()  # where the path may resolve; the worker checks again before it opens it
     size: int | None = None  # bytes, as the listing said (object storage)
+    range: "VideoRange | None" = None  # one stretch of a video split across workers (None: the whole source)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from os import PathLike
 from pathlib import Path
 from typing import Any, Callable
@@ -46,14 +46,14 @@ from modalign.pipeline.layout import OutputLayout, attempt_of, storage_faults, w
 from modalign.pipeline.lease import Lease
 from modalign.pipeline.metrics import Metrics
 from modalign.pipeline.openlineage import RunLineage
-from modalign.pipeline.worker import lineage_row, source_lineage
+from modalign.pipeline.worker import PARTS_PER_RANGE, lineage_row, source_lineage
 from modalign.schemas.arrow import rows_to_table
 from modalign.schemas.config import RunConfig, RuntimeConfig
 from modalign.schemas.environment import key_store_dir, ray_temp_dir
 from modalign.schemas.errors import (ConfigError, EnvironmentFaultError, InputError, ModalignError, OutputLockedError,
                                      QuarantineReason)
 from modalign.schemas.files import fsync_dir, stat_version
-from modalign.schemas.tables import LineageColumns, QuarantineRow, SourceLineageRow
+from modalign.schemas.tables import DeidHeader, LineageColumns, QuarantineRow, SourceLineageRow
 
 log = logging.getLogger("modalign")
 
@@ -94,6 +94,25 @@ class _SessionState:
     align_lock: threading.Lock = field(default_factory=threading.Lock)  # log order = submission order
     align_refs: dict = field(default_factory=dict)  # aligner calls not yet collected -> their index in the log
     align_resumed_at: int = 0  # length of the log the last resume replayed
+
+
+@dataclass
+class _RangedSource:
+    """A video cut into ranges (``SourceJob.range``) that several ingest actors stream at once.
+
+    The aligner must see one source's event parts in time order: the parts of the range whose
+    turn it is go to it as they come, a later range's parts wait here (event ids and times
+    only) until every range before it is done. The source is registered once, by the first
+    range to start, and finished, with one lineage row, when its last range is done."""
+
+    job: SourceJob  # the whole source
+    count: int
+    current: int = 0  # the range whose parts go to the aligner now
+    registered: bool = False
+    meta_seq: int = 0  # the source's event parts sent to the aligner, over all its ranges
+    held: dict[int, list[tuple]] = field(default_factory=dict)  # range -> [(table, path, latency_ms)]
+    streams: dict[int, "_SourceStream"] = field(default_factory=dict)  # the ranges done
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass
@@ -239,24 +258,27 @@ class Runner:
             self.timing["actors_ready_s"] = round(pool.ready(self.config, str(self.out), str(self.key_store),
                                                              self.attempt, n_ingest, embed_options, chains), 3)
             t = time.perf_counter()
+            jobs = self._split(jobs, pool.ingest)
             free: queue.Queue = queue.Queue()  # ingest actors with nothing to do
             for actor in pool.ingest:
                 free.put(actor)
 
-            self.ingested_by: dict[tuple[str, str], int] = {}  # (session, source) -> the ingest actor's index
+            # (session, source, range; 0 for a whole source) -> the ingest actor's index
+            self.ingested_by: dict[tuple[str, str, int], int] = {}
 
             def ingest_on_a_free_actor(st: _SessionState, job: SourceJob) -> None:
                 actor = free.get()  # never waits long: as many threads as actors
-                self.ingested_by[(job.session_id, job.spec.id)] = pool.ingest.index(actor)
+                part = job.range.index if job.range is not None else 0
+                self.ingested_by[(job.session_id, job.spec.id, part)] = pool.ingest.index(actor)
                 try:
                     self._ingest_one(st, job, actor, pool.embedder)
                 finally:
                     free.put(actor)
 
-            # Longest job first (video, then audio, then documents; larger files first), each to
-            # whichever ingest actor is free, so the longest source does not start last.
+            # Longest job first (video, then audio, then documents; larger files, or ranges, first),
+            # each to whichever ingest actor is free, so the longest source does not start last.
             jobs.sort(key=lambda sj: (MODALITY_ORDER.get(sj[1].spec.modality, len(MODALITY_ORDER)),
-                                      -(_file_bytes(sj[1]) or 0)))
+                                      -(_file_bytes(sj[1]) or 0) / (sj[1].range.count if sj[1].range else 1)))
             with ThreadPoolExecutor(max_workers=len(pool.ingest)) as executor:
                 futures = [executor.submit(ingest_on_a_free_actor, st, job) for st, job in jobs]
                 try:
@@ -422,6 +444,28 @@ class Runner:
                          version=version, tenant=m.tenant, subjects=m.subjects_of(spec),
                          reference=self._reference(st, spec), roots=st.session.roots, size=size)
 
+    def _split(self, jobs: list[tuple[_SessionState, SourceJob]], actors: list) -> list[tuple[_SessionState, SourceJob]]:
+        """Each video that ``ingest.video.range_s`` cuts into ranges, as one job per range (the ingest
+        actors read the packet indexes, all at once); the other jobs as they are."""
+        self._ranged: dict[tuple[str, str], _RangedSource] = {}
+        videos = [k for k, (_st, j) in enumerate(jobs)
+                  if j.spec.modality == "video" and j.spec.track_of is None and j.reference is None]
+        if self.config.ingest.video.range_s is None or not videos:
+            return jobs
+        refs = [actors[i % len(actors)].video_ranges.remote(jobs[k][1]) for i, k in enumerate(videos)]
+        plans = dict(zip(videos, self._get(refs, "an ingest actor", on_death=lambda exc: [[]] * len(refs))))
+        out: list[tuple[_SessionState, SourceJob]] = []
+        for k, (st, job) in enumerate(jobs):
+            ranges = plans.get(k) or []
+            if not ranges:
+                out.append((st, job))
+                continue
+            self._ranged[(job.session_id, job.spec.id)] = _RangedSource(job, len(ranges))
+            out += [(st, replace(job, range=r)) for r in ranges]
+            self.progress(f"ingest {job.session_id}/{job.spec.id} (video): {len(ranges)} ranges of about "
+                          f"{self.config.ingest.video.range_s:g} s, decoded at once")
+        return out
+
     def _ingest_one(self, st: _SessionState, job: SourceJob, actor, embedder) -> None:
         """Stream one source through an ingest actor, forwarding its items (runs in a driver thread).
 
@@ -432,6 +476,8 @@ class Runner:
         import ray
 
         src = _SourceStream(job, started=time.perf_counter())
+        if job.range is not None:  # embed parts named apart from the other ranges', in time order
+            src.part = job.range.index * PARTS_PER_RANGE
         for attempt in range(SOURCE_RETRIES + 1):
             if self._stop.is_set():
                 return
@@ -450,22 +496,69 @@ class Runner:
                 break
         if self._stop.is_set():  # the run is stopping: nothing of this source is recorded
             return
+        if job.range is not None:
+            self._range_done(st, src, embedder)
+            return
         if src.lineage is not None:  # no more events from this source: its ticks can be decided
             cut = src.end_ns if src.done is None else None
             src.pending.append(self._align(st, ("finish_source", job.spec.id, cut)))
         self._collect(st, src.pending)
-        done = src.done
-        if done is None:  # the worker died before its last item
-            lineage = src.lineage or source_lineage(job, self.config.policy.tag)
-            clock = src.clock.mapping if src.clock else job.spec.clock
-            done = DoneItem(lineage_row(job, lineage, clock, status="partial" if src.events else "quarantined",
-                                        events=src.events))
+        self._source_done(st, job, self._done_item(src), src.events)
+
+    def _done_item(self, src: _SourceStream) -> DoneItem:
+        """The stream's last item, or (the worker died before it) what the driver knows."""
+        if src.done is not None:
+            return src.done
+        job = src.job
+        lineage = src.lineage or source_lineage(job, self.config.policy.tag)
+        clock = src.clock.mapping if src.clock else job.spec.clock
+        return DoneItem(lineage_row(replace(job, range=None), lineage, clock,
+                                    status="partial" if src.events else "quarantined", events=src.events))
+
+    def _range_done(self, st: _SessionState, src: _SourceStream, embedder) -> None:
+        """One range of a video is done: the next ranges' held parts go to the aligner, and after
+        the last range the source is finished, with one lineage row for all of them."""
+        job = src.job
+        ranged = self._ranged[(job.session_id, job.spec.id)]
+        with ranged.lock:
+            ranged.streams[job.range.index] = src
+            while ranged.current in ranged.streams:  # this range, and any after it already done
+                ranged.current += 1
+                for table, path, latency in ranged.held.pop(ranged.current, []):
+                    src.pending.append(self._align(st, ("add", job.spec.id, ranged.meta_seq, path, latency), table))
+                    ranged.meta_seq += 1
+            last = len(ranged.streams) == ranged.count
+            if last and ranged.registered:
+                tail = ranged.streams[ranged.count - 1]
+                cut = tail.end_ns if tail.done is None else None
+                src.pending.append(self._align(st, ("finish_source", job.spec.id, cut)))
+        self._collect(st, src.pending)
+        if not last:
+            return
+        streams = [ranged.streams[k] for k in range(ranged.count)]
+        dones = [self._done_item(s) for s in streams]
+        events = sum(s.events for s in streams)
+        statuses = {d.row.status for d in dones}
+        status = "ingested" if statuses == {"ingested"} else ("partial" if events else "quarantined")
+        headers: dict[tuple[str, str], dict] = {}
+        counts: Counter = Counter()
+        for d in dones:
+            counts.update(d.counts)
+            for h in d.row.deid:
+                agg = headers.setdefault((h.method, h.detector), dict(h.model_dump(), count=0))
+                agg["count"] += h.count
+        row = dones[0].row.model_copy(update={"status": status, "events": events, "source_sha256": ranged_sha256(streams),
+                                              "deid": [DeidHeader(**h) for h in headers.values()]})
+        self._source_done(st, ranged.job, DoneItem(row, dict(counts)), events)
+
+    def _source_done(self, st: _SessionState, job: SourceJob, done: DoneItem, events: int) -> None:
+        """Record a source's lineage row and counters once its stream (or all its ranges) ended."""
         with self._lock:
             st.lineage.append(done.row)
-            self.counts[f"events_{job.spec.modality}"] += src.events
+            self.counts[f"events_{job.spec.modality}"] += events
             self.counts.update(done.counts)
         self.metrics.source_done(job.spec.modality, done.row.status, _source_bytes(job), done.counts)
-        self.progress(f"ingest {job.session_id}/{job.spec.id} ({job.spec.modality}): {src.events} events, "
+        self.progress(f"ingest {job.session_id}/{job.spec.id} ({job.spec.modality}): {events} events, "
                       f"{done.row.status}")
 
     @staticmethod
@@ -526,6 +619,14 @@ class Runner:
             case SourceItem(lineage=lineage):
                 src.lineage, src.end_ns = lineage, item.end_ns
                 clock = src.clock.mapping if src.clock else job.spec.clock
+                ranged = self._ranged.get((job.session_id, job.spec.id)) if job.range is not None else None
+                if ranged is not None:
+                    with ranged.lock:
+                        first, ranged.registered = not ranged.registered, True
+                        if first:  # inside the lock: no range's parts can reach the aligner before it
+                            src.pending.append(self._align(st, ("register", job.spec.id, job.spec.modality,
+                                                                lineage.model_dump(), clock)))
+                    return
                 src.pending.append(self._align(st, ("register", job.spec.id, job.spec.modality, lineage.model_dump(),
                                                     clock)))
                 if src.clock and src.clock.windows:
@@ -537,8 +638,11 @@ class Runner:
                 with self._lock:
                     st.files.add(item.path)
                 latency = (time.perf_counter() - src.started) * 1e3
-                src.pending.append(self._align(st, ("add", job.spec.id, src.meta_seq, item.path, latency), table))
-                src.meta_seq += 1
+                if job.range is not None:
+                    self._range_part(st, src, table, item.path, latency)
+                else:
+                    src.pending.append(self._align(st, ("add", job.spec.id, src.meta_seq, item.path, latency), table))
+                    src.meta_seq += 1
                 self.metrics.batch_ingested(job.spec.modality, table.num_rows, item.seconds)
             case EmbedItem(modality=modality, rows=rows, table=table_ref):
                 if rows:
@@ -553,6 +657,17 @@ class Runner:
                 raise EnvironmentFaultError(message)
             case DoneItem():
                 src.done = item
+
+    def _range_part(self, st: _SessionState, src: _SourceStream, table: Any, path: str, latency: float) -> None:
+        """An event part of a video range: to the aligner now if its range's turn has come, else held."""
+        job = src.job
+        ranged = self._ranged[(job.session_id, job.spec.id)]
+        with ranged.lock:
+            if job.range.index == ranged.current:
+                src.pending.append(self._align(st, ("add", job.spec.id, ranged.meta_seq, path, latency), table))
+                ranged.meta_seq += 1
+            else:
+                ranged.held.setdefault(job.range.index, []).append((table, path, latency))
 
     def _reference(self, st: _SessionState, spec) -> tuple[Path | ObjectPath, Any] | None:
         """(path or object key, clock) of the source this one's clock is estimated or verified against."""
@@ -761,6 +876,11 @@ class Runner:
             "config": self.config.model_dump(mode="json"),
             "exit_code": EXIT_QUARANTINED if c["quarantined"] else EXIT_OK,
         }
+
+
+def ranged_sha256(streams: list[_SourceStream]) -> str | None:
+    """The sha256 of a video read in ranges (its planner hashed it whole), once a range ingested it."""
+    return streams[0].job.range.sha256 if any(s.done is not None for s in streams) else None
 
 
 def _source_bytes(job: SourceJob) -> int | None:

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from modalign.operators.ingest.base import SourceContext
+from modalign.operators.ingest.video import VideoRange
 from modalign.operators.modalities import DeidContext, ModalityPlan, plan_for
 from modalign.pipeline.discovery import ObjectPath
 from modalign.pipeline.items import (ClockItem, DoneItem, EmbedItem, FaultItem, Item, MetaItem, QuarantineItem,
@@ -36,6 +37,7 @@ from modalign.schemas.units import NS_PER_S
 log = logging.getLogger(__name__)
 
 HEADER_COLUMNS = ("deid", "text_deid")  # de-identification header columns an event table may carry
+PARTS_PER_RANGE = 10_000  # event parts of one video range (at 32 frames a part: 3.5 h of 25 fps)
 
 
 def sample_every(t_ns: np.ndarray, fps: float, state: dict) -> np.ndarray:
@@ -141,7 +143,9 @@ class IngestWorker:
             return
         path = memory.path if memory is not None else (None if on_store else job.path)
         ctx = SourceContext(session_id=job.session_id, spec=job.spec, path=path, uri=job.uri,
-                            version=job.version, reader=reader)
+                            version=job.version, reader=reader, window=job.range)
+        if job.range is not None and not job.range.last:  # this worker's part ends where the next begins
+            end_local_ns = job.range.local_ns(job.range.end_pts)
         try:
             if job.reference is not None:
                 ctx, clock_item = self._clock(ctx, job.path, *job.reference)
@@ -149,7 +153,7 @@ class IngestWorker:
                 yield clock_item
             yield SourceItem(lineage, None if end_local_ns is None else ctx.clock.to_session(end_local_ns))
             events, status, deid, counts = yield from self._batches(job, plan, ops, ctx, lineage)
-            sha256 = self._content_hash(job, reader, memory)
+            sha256 = job.range.sha256 if job.range is not None else self._content_hash(job, reader, memory)
         except EnvironmentFaultError as exc:
             yield FaultItem(exc.message)
             return
@@ -161,14 +165,21 @@ class IngestWorker:
     def _batches(self, job: SourceJob, plan: ModalityPlan, ops: list[Any], ctx: SourceContext,
                  lineage: LineageColumns) -> Generator[Item, None, tuple[int, str, dict, dict[str, int]]]:
         """Decode, de-identify, store and hand on every batch; returns (events, status, deid, counters)."""
-        events, status, part = 0, "ingested", 0
+        events, status = 0, "ingested"
+        part = 0 if job.range is None else job.range.index * PARTS_PER_RANGE  # part names stay apart and in order
         deid: dict[tuple[str, str], dict] = {}
         counts: dict[str, int] = {}
         sampler: dict = {}
         columns = lineage.model_dump()
         try:
             t = time.perf_counter()
-            for clean in self._deidentified(ops, ctx):
+            for decoded in self._deidentified(ops, ctx):
+                # The embedding sampler sees a range's overlap too, so it stands where a whole decode would.
+                sampled = self._embed_mask(plan, decoded, sampler)
+                owned = self._owned(job, decoded)
+                clean = decoded if owned is None else decoded.filter(pa.array(owned))
+                if owned is not None and sampled is not None:
+                    sampled = sampled[owned]
                 if clean.num_rows == 0:
                     continue
                 self._count(plan, clean, deid, counts)
@@ -180,7 +191,7 @@ class IngestWorker:
                 events += clean.num_rows
                 yield MetaItem(clean.select(list(plan.meta_columns)), self.layout.relative(path),
                                time.perf_counter() - t)
-                payload = self._embed_payload(plan, clean, sampler)
+                payload = (clean if sampled is None else clean.filter(pa.array(sampled))).select(list(plan.embed_columns))
                 yield EmbedItem(plan.name, payload.num_rows, payload)
                 t = time.perf_counter()
         except EnvironmentFaultError:
@@ -344,8 +355,45 @@ class IngestWorker:
                 if hit is not None:
                     counts[hit[0]] = counts.get(hit[0], 0) + hit[1]
 
-    def _embed_payload(self, plan: ModalityPlan, clean: pa.Table, sampler: dict) -> pa.Table:
+    def _embed_mask(self, plan: ModalityPlan, clean: pa.Table, sampler: dict) -> np.ndarray | None:
+        """Which rows are embedded (None: all of them)."""
         fps = plan.embed_fps(self.config)
-        if fps is not None:
-            clean = clean.filter(pa.array(sample_every(clean.column("t_ns").to_numpy(), fps, sampler)))
-        return clean.select(list(plan.embed_columns))
+        if fps is None:
+            return None
+        return sample_every(clean.column("t_ns").to_numpy(), fps, sampler)
+
+    @staticmethod
+    def _owned(job: SourceJob, clean: pa.Table) -> np.ndarray | None:
+        """Which rows are this job's to output: a video range's own frames, not its overlap (None: all)."""
+        if job.range is None:
+            return None
+        return job.range.owns(clean.column("pts").to_numpy())
+
+    def video_ranges(self, job: SourceJob) -> list[VideoRange]:
+        """The ranges several workers can decode ``job``'s video in (``ingest.video.range_s``), each
+        with the whole file's sha256; [] when it is decoded whole: short, splitting off, a clock
+        estimated from its content, on object storage (a second whole read), keyframes only, or
+        not a video this can plan (the ingest then reports what is wrong with it)."""
+        from modalign.operators.ingest._av import open_container
+        from modalign.operators.ingest.video import plan_ranges
+
+        cfg = self.config.ingest.video
+        if (cfg.range_s is None or job.spec.modality != "video" or job.spec.track_of is not None
+                or job.reference is not None or cfg.keyframes_only or isinstance(job.path, ObjectPath)):
+            return []
+        try:
+            with SeekableHashingReader(job.path) as reader:
+                with open_container(job.path, job.uri, stage="plan", reader=reader) as container:
+                    if not container.streams.video:
+                        return []
+                    ranges = plan_ranges(container, cfg.range_s, cfg.range_overlap_s)
+                if not ranges:
+                    return []
+                sha256 = "sha256:" + reader.hexdigest()  # reads only what the demuxer did not
+        except (InputError, OSError, ValueError) as exc:
+            log.info("%s is decoded whole: its packets could not be indexed (%s)", job.uri, type(exc).__name__)
+            return []
+        except Exception:  # noqa: BLE001 -- PyAV errors: the whole decode reports them as input errors
+            log.info("%s is decoded whole: its packets could not be indexed", job.uri, exc_info=True)
+            return []
+        return [replace(r, sha256=sha256) for r in ranges]

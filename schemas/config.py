@@ -34,6 +34,15 @@ class VideoIngestConfig(_Strict):
     batch_frames: int = Field(32, gt=0, le=4096, description="frames per table, at most")
     batch_bytes: int = Field(16 * 2**20, gt=0, le=4 * 2**30, description="pixel bytes per table, at most (one frame minimum)")
     jpeg_quality: int = Field(90, ge=10, le=100, description="quality of stored de-identified frames")
+    range_s: float | None = Field(
+        30.0, ge=1, le=3600,
+        description="a longer video is cut at the first keyframe after every range_s into ranges that ingest "
+                    "actors decode at once (the cuts depend on the file only: any number of actors gives the "
+                    "same output); None: one actor decodes each video whole")
+    range_overlap_s: float = Field(
+        1.0, ge=0, le=60,
+        description="a range also decodes and de-identifies this much (from the keyframe before) on either side "
+                    "of its own frames, so face tracks and text on screen carry across the cut")
 
 
 class AudioIngestConfig(_Strict):

@@ -33,6 +33,7 @@ class SourceContext:
     uri: str
     version: str
     reader: Any = field(default=None, compare=False, repr=False)
+    window: Any = None  # a ``video.VideoRange``: decode only that stretch of the video (None: all of it)
 
     @property
     def clock(self) -> SessionClock:

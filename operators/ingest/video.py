@@ -21,12 +21,23 @@ reference decode "fine" but show garbage), so a corrupt middle costs only its ow
 file. The range is conservative: the decoder reports an error up to its threading delay
 late, so it may include a few good frames on either side.
 
+Ranges: ``plan_ranges`` reads a video's packet index (demux only, nothing decoded) and cuts
+it at the first keyframe after every ``range_s`` into ``VideoRange`` s, so that several
+workers can decode one long video at once. A range decodes from a keyframe ``overlap_s``
+before its first frame to ``overlap_s`` past its last, so the de-identification that follows
+sees each border with context on both sides (face tracks, text on screen), and a worker keeps
+only its own frames (``VideoRange.owns``). Frame indices (and event ids) come from the
+packet index, as a decode from the start would count them. The cut points depend on the
+file and the config only, never on how many workers there are: any number of workers gives
+the same output.
+
 Tables hold raw pixels: they must not leave the ingest process before ``modalign.operators.deid``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
@@ -157,6 +168,104 @@ class _Batch:
         return table
 
 
+@dataclass(frozen=True)
+class VideoRange:
+    """One keyframe-aligned stretch of a video, for one worker (``plan_ranges``).
+
+    It owns the frames with ``start_pts <= pts < end_pts`` (None: open) and decodes from the
+    keyframe ``decode_from_pts`` to ``decode_to_pts``, the overlap on either side; ``pts``
+    holds the presentation times of the packets it decodes, in order, and ``first_index``
+    the frame index of the first of them, so indices match a decode from the start."""
+
+    index: int
+    count: int
+    start_pts: int | None
+    end_pts: int | None
+    decode_from_pts: int | None
+    decode_to_pts: int | None
+    first_index: int
+    pts: tuple[int, ...]
+    before_pts: int | None  # the frame before decode_from_pts: where frame sampling stands there
+    origin_pts: int  # the stream's first frame: the origin of frame sampling
+    time_base: tuple[int, int]
+    sha256: str | None = None  # of the whole file: a range cannot hash it on the way
+
+    @property
+    def last(self) -> bool:
+        return self.index == self.count - 1
+
+    def owns(self, pts: np.ndarray) -> np.ndarray:
+        """Mask of the frames (by PTS) this range outputs."""
+        keep = np.ones(len(pts), dtype=bool)
+        if self.start_pts is not None:
+            keep &= pts >= self.start_pts
+        if self.end_pts is not None:
+            keep &= pts < self.end_pts
+        return keep
+
+    def local_ns(self, pts: int) -> int:
+        return pts_to_ns(pts, Fraction(*self.time_base))
+
+    def index_of(self, pts: int) -> int:
+        """The frame index of the frame at ``pts`` (as counted by a decode from the start)."""
+        return self.first_index + int(np.searchsorted(np.asarray(self.pts, dtype=np.int64), pts))
+
+
+def plan_ranges(container: Any, range_s: float, overlap_s: float) -> list[VideoRange]:
+    """Cut the first video stream of ``container`` into ranges of about ``range_s`` at keyframes,
+    from its packet index (demuxed, never decoded); [] when it makes one range (short, one
+    keyframe, no timestamps) or the packets are not what a range decode can count on (missing
+    or repeated PTS), so the source is decoded whole."""
+    stream = container.streams.video[0]
+    tb = stream.time_base
+    pts: list[int] = []
+    keys: list[int] = []
+    for packet in container.demux(stream):
+        if not packet.size:  # the demuxer's flush packet
+            continue
+        if packet.pts is None:
+            return []
+        pts.append(packet.pts)
+        if packet.is_keyframe:
+            keys.append(packet.pts)
+    if tb is None or len(keys) < 2:
+        return []
+    order = np.sort(np.asarray(pts, dtype=np.int64))
+    if len(order) > 1 and not (np.diff(order) > 0).all():
+        return []
+    keyframes = np.sort(np.asarray(keys, dtype=np.int64))
+    span = int(round(range_s / tb))
+    overlap = int(round(overlap_s / tb))
+    borders: list[int] = []
+    target = int(order[0]) + span
+    while True:  # the first keyframe at or after each multiple of range_s
+        i = int(np.searchsorted(keyframes, target))
+        if i >= len(keyframes):
+            break
+        if not borders or keyframes[i] > borders[-1]:
+            borders.append(int(keyframes[i]))
+        target = max(target + span, borders[-1] + 1)
+    if not borders:
+        return []
+    starts, ends = [None, *borders], [*borders, None]
+    ranges = []
+    for k, (start, end) in enumerate(zip(starts, ends)):
+        if start is None:
+            lo = 0
+        else:  # the last keyframe at least `overlap` before the range's first frame
+            lo = int(np.searchsorted(order, keyframes[max(0, int(np.searchsorted(keyframes, start - overlap,
+                                                                                   side="right")) - 1)]))
+        hi = len(order) if end is None else int(np.searchsorted(order, end + overlap, side="right"))
+        ranges.append(VideoRange(
+            index=k, count=len(starts), start_pts=start, end_pts=end,
+            decode_from_pts=None if start is None else int(order[lo]),
+            decode_to_pts=None if end is None else int(order[hi - 1]),
+            first_index=lo, pts=tuple(int(p) for p in order[lo:hi]),
+            before_pts=None if lo == 0 else int(order[lo - 1]), origin_pts=int(order[0]),
+            time_base=(tb.numerator, tb.denominator)))
+    return ranges
+
+
 class VideoFramesOperator(SourceOperator[VideoFramesConfig]):
     """Decodes a video source with PyAV into upright RGB frame tables, PTS-timed."""
 
@@ -185,7 +294,10 @@ class VideoFramesOperator(SourceOperator[VideoFramesConfig]):
             if self.config.keyframes_only:
                 stream.codec_context.skip_frame = "NONKEY"
             self._check_limits(ctx, container, stream)
-            yield from self._frames(ctx, container, stream)
+            window = ctx.window
+            if window is not None and window.decode_from_pts is not None:
+                container.seek(window.decode_from_pts, stream=stream, backward=True, any_frame=False)
+            yield from self._frames(ctx, container, stream, window)
 
     def _check_limits(self, ctx: SourceContext, container: "av.container.InputContainer", stream: Any) -> None:
         cfg = self.config
@@ -241,11 +353,20 @@ class VideoFramesOperator(SourceOperator[VideoFramesConfig]):
                 pass
             lost.append(None)  # ... and everything after them is lost
 
-    def _frames(self, ctx: SourceContext, container: Any, stream: Any) -> Iterator[pa.Table]:
+    def _frames(self, ctx: SourceContext, container: Any, stream: Any,
+                window: VideoRange | None = None) -> Iterator[pa.Table]:
         cfg, clock = self.config, ctx.clock
         max_local_ns = None  # set from the first frame: max_duration counts from there
         step = None if cfg.sample_fps is None else Fraction(NS_PER_S) / Fraction(cfg.sample_fps)
         origin_ns = next_ns = None
+        if window is not None:  # counted from the stream's first frame, as a decode from the start would
+            max_local_ns = window.local_ns(window.origin_pts) + int(cfg.max_duration_s * NS_PER_S)
+            if step is not None:
+                origin_ns = window.local_ns(window.origin_pts)
+                before = window.before_pts
+                # the first step after the frame before this range's first: where a whole decode stands
+                next_ns = origin_ns if before is None else \
+                    origin_ns + ((window.local_ns(before) - origin_ns) // step + 1) * step
         batch = _Batch(ctx, cfg.batch_frames, cfg.batch_bytes)
         lost: list[int | None] = []  # local ns of lost packets/frames, appended by _decoded
         pending: list[int | None] = []  # lost, not yet placed between two good frames
@@ -257,6 +378,12 @@ class VideoFramesOperator(SourceOperator[VideoFramesConfig]):
             index += 1
             if frame.pts is None:
                 continue  # no presentation time: cannot be placed on the clock
+            if window is not None:
+                if window.decode_from_pts is not None and frame.pts < window.decode_from_pts:
+                    continue  # a leading frame of the keyframe the seek landed on: the range before's
+                if window.decode_to_pts is not None and frame.pts > window.decode_to_pts:
+                    break  # past the overlap: the next range's
+                index = window.index_of(frame.pts)
             tb = frame.time_base or stream.time_base
             local = pts_to_ns(frame.pts, tb)
             if max_local_ns is None:
@@ -314,7 +441,8 @@ class VideoFramesOperator(SourceOperator[VideoFramesConfig]):
                                        source_uri=ctx.uri, stage=self.kind, code="unreadable")
         if ranges:
             raise self._damage_error(ctx, container, stream, ranges, n_lost)
-        check_truncated(ctx, self.kind, container, stream, last_t)
+        if window is None or window.last:  # only the last range reaches the end
+            check_truncated(ctx, self.kind, container, stream, last_t)
 
     def _damage_error(self, ctx: SourceContext, container: Any, stream: Any, ranges: list[list[int | None]],
                       lost: int) -> UnreadableInputError:

@@ -1,5 +1,5 @@
-"""Every core: a session's sources go to whichever ingest actor is free, and two actors commit
-exactly what one does; run.json reports start-up apart from processing."""
+"""Every core: a session's sources, and the ranges of its video, go to whichever ingest actor is
+free, and two actors commit exactly what one does; run.json reports start-up apart from processing."""
 
 from __future__ import annotations
 
@@ -21,23 +21,33 @@ def _rows(out, folder: str) -> Counter:
     """Multiset of a committed table's rows, lineage columns that name the run left out."""
     t = ds.dataset(out / folder, format="parquet").to_table()
     keep = [c for c in ("event_id", "session_id", "source_id", "tick", "t_ns", "decision", "feature_id",
-                        "granularity") if c in t.column_names]
-    return Counter(tuple(r.values()) for r in t.select(keep).to_pylist())
+                        "granularity", "face_boxes", "text_boxes", "frame_jpeg", "vector") if c in t.column_names]
+    return Counter(repr(tuple(r.values())) for r in t.select(keep).to_pylist())
 
 
 def test_two_ingest_actors_share_the_sources_and_commit_what_one_does(ray_local, sample_manifest, tmp_path):
     outs, runners = {}, {}
-    for n in (1, 2):
-        cfg = RunConfig(key_store=tmp_path / "keys", runtime={"ingest_actors": n})
+    for n in (1, 2):  # the 6 s video cut at its keyframes 2 and 4 s in: three ranges
+        cfg = RunConfig(key_store=tmp_path / "keys", runtime={"ingest_actors": n}, ingest={"video": {"range_s": 2.0}})
         runners[n] = Runner(cfg, tmp_path / f"out{n}")
         runners[n].run(sample_manifest)
         outs[n] = tmp_path / f"out{n}"
     assert set(runners[1].ingested_by.values()) == {0}
     assert set(runners[2].ingested_by.values()) == {0, 1}  # the sources of one session on two actors
-    assert len(runners[2].ingested_by) == 4  # video, its sound, the lapel, the slides
-    for folder in TABLES:
+    # the video's three ranges, its sound, the lapel, the slides
+    assert sorted((src, part) for _s, src, part in runners[2].ingested_by) == \
+           [("lapel", 0), ("room_video", 0), ("room_video", 1), ("room_video", 2), ("room_video.audio", 0),
+            ("slides", 0)]
+    assert {runners[2].ingested_by[("sample-meeting", "room_video", k)] for k in (0, 1)} == {0, 1}  # at once
+    for folder in TABLES:  # ids, times, decisions, boxes, pixels and vectors: any number of actors, one output
         one, two = _rows(outs[1], folder), _rows(outs[2], folder)
         assert one and one == two, folder  # 0 lost, 0 duplicated
+    lineage = ds.dataset(outs[2] / "lineage" / "sources", format="parquet").to_table().to_pylist()
+    (room,) = [r for r in lineage if r["source_id"] == "room_video"]  # one row for the three ranges
+    assert room["status"] == "ingested" and room["events"] == 150 and room["source_sha256"].startswith("sha256:")
+    one_row = {r["source_id"]: r for r in ds.dataset(outs[1] / "lineage" / "sources", format="parquet").to_table()
+               .to_pylist()}["room_video"]
+    assert [(h["method"], h["count"]) for h in room["deid"]] == [(h["method"], h["count"]) for h in one_row["deid"]]
 
     run = json.loads((outs[2] / "run.json").read_text())
     timing = run["timing"]

@@ -154,3 +154,12 @@ def test_naive_tick_matching_leaves_gaps_outside_tolerance():
     assert naive.nearest(times, ticks, 33 * ms).tolist() == [0, 1, 2, -1, -1, 3]
     pages = np.array([0, 100], np.int64) * ms  # sample-and-hold
     assert naive.nearest(pages, ticks, None).tolist() == [0, 0, 0, 1, 1, 1]
+
+
+def test_settings_set_nested_config_fields():
+    data = e2e.with_settings({"key_store": "k", "ingest": {"audio": {"chunk_s": 5}}},
+                             ["ingest.video.range_s=null", "ingest.audio.chunk_s=2.5", "policy.tag=lab"])
+    assert data == {"key_store": "k", "ingest": {"audio": {"chunk_s": 2.5}, "video": {"range_s": None}},
+                    "policy": {"tag": "lab"}}
+    with pytest.raises(ValueError, match="dotted.key=JSON"):
+        e2e.with_settings({}, ["range_s"])
