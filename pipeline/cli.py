@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from modalign.schemas.errors import ModalignError
 
@@ -69,14 +70,21 @@ def _metrics(args: argparse.Namespace, default_port: int | None = None):
     return metrics
 
 
+def _with_options(config: Any, args: argparse.Namespace) -> Any:
+    """``config`` with what ``--address`` and ``--reference`` set (run and watch)."""
+    if args.address:
+        config = config.model_copy(update={"runtime": config.runtime.model_copy(update={"address": args.address})})
+    if args.reference:
+        config = config.model_copy(update={"monitor": config.monitor.model_copy(update={"reference": args.reference})})
+    return config
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import time
 
     from modalign.pipeline.runner import Runner, resolve_config
 
-    config = resolve_config(args.config)
-    if args.address:
-        config = config.model_copy(update={"runtime": config.runtime.model_copy(update={"address": args.address})})
+    config = _with_options(resolve_config(args.config), args)
     metrics = _metrics(args)
     try:
         summary = Runner(config, args.out, progress=_progress, metrics=metrics).run(args.input)  # a path or s3://
@@ -99,9 +107,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from modalign.pipeline.runner import resolve_config
     from modalign.pipeline.watch import Watch, listing_for
 
-    config = resolve_config(args.config)
-    if args.address:
-        config = config.model_copy(update={"runtime": config.runtime.model_copy(update={"address": args.address})})
+    config = _with_options(resolve_config(args.config), args)
     metrics = _metrics(args, WATCH_PORT)
     watch = Watch(config, listing_for(args.input, args.out, config), args.out, interval_s=args.interval,
                   settle_s=args.settle, max_in_flight=args.max_in_flight, once=args.once, progress=_progress,
@@ -229,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", required=True, help="output folder")
     sp.add_argument("--address", help="Ray cluster address (e.g. auto); default: a local Ray")
     sp.add_argument("--config", help="run configuration (YAML/JSON); see schemas/config.py")
+    sp.add_argument("--reference", metavar="OUT0", help="another output whose committed features are the "
+                    "embedding monitor's reference (default: the first windows of OUT; runbooks/embedding-drift.md)")
     _metrics_options(sp, "default: not served")
     sp.add_argument("--metrics-linger", type=float, default=0.0, metavar="S",
                     help="keep the metrics endpoint up S seconds after the run, for a last scrape (default 0)")
@@ -252,6 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds between status lines while idle (default 60)")
     sp.add_argument("--address", help="Ray cluster address (e.g. auto); default: a local Ray")
     sp.add_argument("--config", help="run configuration (YAML/JSON); see schemas/config.py")
+    sp.add_argument("--reference", metavar="OUT0", help="another output whose committed features are the "
+                    "embedding monitor's reference (default: the first windows of OUT; runbooks/embedding-drift.md)")
     _metrics_options(sp, f"default {WATCH_PORT}, or none if another process holds it; 0: not served")
 
     sp = add("deid-eval", "measure de-identification efficacy (text recall/F2, face re-detection and linkability, "

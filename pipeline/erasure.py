@@ -17,7 +17,8 @@ through the commit protocol (``pipeline.commits``) under OUT's one-writer lease
 4. each FAISS index holding an erased feature id is loaded, the ids removed, and saved
    under a new name; the feature-cache entries erased rows name, the patch grids they were
    pooled from and what else was pooled from those are removed (the cache is outside the
-   commit and only saves work: losing an entry costs a miss, never a row);
+   commit and only saves work: losing an entry costs a miss, never a row); the monitors'
+   tables (``monitor/``) are rebuilt over the features left, as a run's commit builds them;
 5. the denylist entry (``OUT/lineage/denylist/ATTEMPT.json``: the subject and each erased
    source version as keyed hashes) and the signed report (``OUT/lineage/erasure/ID.json``)
    are written, every new file made durable, then the next commit is created: sessions
@@ -66,6 +67,7 @@ from modalign.schemas.files import atomic_write, fsync_dir, sha256_file
 
 ERASURE = "lineage/erasure"
 DENYLIST = "lineage/denylist"
+MONITOR = "monitor"  # the monitors' tables of a commit (pipeline.monitors), rebuilt over what is left
 KEY_FOLDER = "erasure"  # <key store>/erasure/: the denylist and signing keys, apart from the tenants' pseudonym keys
 DENYLIST_KEY, SIGNING_KEY = "denylist", "report-signing"
 SCOPES = ("source", "session")
@@ -471,11 +473,13 @@ def erase(out: str | PathLike, *, subject: str | None = None, source: str | None
                 start.result()
                 emit_erasure(root, erasure_id, [], event_type="FAIL", error=exc)
                 raise
-        emit_erasure(root, erasure_id, [f["replaced_by"] for f in report["removed_files"] if f["replaced_by"]])
+        emit_erasure(root, erasure_id, [f["replaced_by"] for f in report["removed_files"] if f["replaced_by"]]
+                     + report["monitor"]["written"])
         layout = OutputLayout(root)
         write_json(layout.run_json, snap.summary)
         removed = _remove_replaced(root, [f["path"] for f in report["removed_files"]]
-                                   + [ix["path"] for ix in report["indexes"]])
+                                   + [ix["path"] for ix in report["indexes"]]
+                                   + [f["path"] for f in report["monitor"]["replaced"]])
         lease.swept = True  # it started from exactly the base commit's files and removed what it replaced
     say(f"erasure {erasure_id[:12]}: commit {snap.version}, {removed} old file(s) removed")
     return {**report, "report_path": str(root / _report_rel(erasure_id))}
@@ -582,6 +586,8 @@ def _apply(root: Path, base: Snapshot, plan: _Plan, lease: Any, commits: CommitL
             new_indexes.append({**meta, "vectors": index.ntotal, "path": new})
         index_report.append(entry)
     summary["indexes"] = sorted([*index_rows.values(), *new_indexes], key=lambda r: (r["model_id"], r["granularity"]))
+    monitor = _monitor_again(layout, base, plan, replaced, dropped, attempt, summary)  # 4b. windows of what is left
+    written += monitor["files"]
 
     # 5. the denylist entry, the new state's file lists, the signed report
     sources = [{k: o[k] for k in ("session_id", "source_id", "source_uri", "source_version", "source_sha256",
@@ -600,9 +606,9 @@ def _apply(root: Path, base: Snapshot, plan: _Plan, lease: Any, commits: CommitL
         files = [replaced.get(f, f) for f in base.sessions[sid]["files"] if f not in dropped]
         sessions[sid] = {**base.sessions[sid], "files": sorted(files)}
     parent = replace(base, sessions={s: v for s, v in base.sessions.items() if s not in plan.dropped_sessions})
-    kept_shared = [f for f in base.shared if f not in {ix["path"] for ix in plan.indexes}]
-    shared = sorted({*kept_shared, *(ix["path"] for ix in new_indexes), *([deny_rel] if deny_rel else []),
-                     _report_rel(erasure_id)})
+    kept_shared = [f for f in base.shared if f not in {ix["path"] for ix in plan.indexes} | set(monitor["replaced"])]
+    shared = sorted({*kept_shared, *(ix["path"] for ix in new_indexes), *monitor["files"],
+                     *([deny_rel] if deny_rel else []), _report_rel(erasure_id)})
     erased_pairs = {(s["session_id"], s["source_id"]) for s in sources}
     summary["alignment"] = {sid: [r for r in rows if (sid, r.get("source_id")) not in erased_pairs]
                             for sid, rows in summary.get("alignment", {}).items() if sid not in plan.dropped_sessions}
@@ -632,6 +638,8 @@ def _apply(root: Path, base: Snapshot, plan: _Plan, lease: Any, commits: CommitL
                           for f in plan.files],
         "indexes": [{**e, "sha256": removed_hashes[e["path"]]} for e in index_report],
         "cache": {"entries_removed": cache_removed},
+        "monitor": {"replaced": [{"path": f, "sha256": monitor["replaced_sha256"][f]} for f in monitor["replaced"]],
+                    "written": monitor["files"]},
         "denylist": {"path": deny_rel, "entries": len(entries)},
         "remaining_files": _remaining_hashes(root, remaining, kept.result()),
         "key_material": {"pseudonym_keys": "per tenant, not per subject: none shredded (see runbooks/erasure.md)",
@@ -645,6 +653,30 @@ def _apply(root: Path, base: Snapshot, plan: _Plan, lease: Any, commits: CommitL
     lease.check()  # the fence: an erasure that lost its lease must not commit
     snap = commits.commit(parent, run_id=erasure_id, sessions=sessions, shared=shared, summary=summary)
     return report, snap
+
+
+def _monitor_again(layout: OutputLayout, base: Snapshot, plan: _Plan, replaced: dict[str, str], dropped: set[str],
+                   attempt: str, summary: dict) -> dict:
+    """The monitors' tables rebuilt over the features the erasure leaves (``pipeline.monitors``), as
+    a run's commit builds them, so that no window describes erased vectors; nothing for an OUT
+    without them. ``summary`` (the new run.json) gets their figures."""
+    from modalign.pipeline.monitors import monitor_embeddings, monitor_reference
+    from modalign.schemas.config import MonitorConfig
+
+    old = sorted(f for f in base.shared if f.startswith(MONITOR + "/"))
+    if not old:
+        return {"files": [], "replaced": [], "replaced_sha256": {}}
+    config = MonitorConfig.model_validate(summary.get("config", {}).get("monitor", {}))
+    try:
+        reference = monitor_reference(config.reference)
+    except ConfigError:  # the reference output is gone: an erasure must still be possible
+        reference = (None, [])
+    features = sorted(replaced.get(f, f) for sid, sess in base.sessions.items() if sid not in plan.dropped_sessions
+                      for f in sess["files"] if f.startswith("features/") and f not in dropped)
+    result = monitor_embeddings(layout, features, attempt, config.embedding, *reference)
+    summary["monitor"] = {k: result[k] for k in ("windows", "alarms", "streams")}
+    summary.setdefault("counts", {})["monitor_alarms"] = dict(result["alarms"])
+    return {"files": result["files"], "replaced": old, "replaced_sha256": _hashes(layout.root, old, base.digests)}
 
 
 def _dry_report(store: Any, plan: _Plan, subject: str | None, source: str | None, scope: str) -> dict:
@@ -723,9 +755,9 @@ def verify(report_path: str | PathLike, *, out: str | PathLike | None = None,
               f"{len(remaining) - len(replaced)} remaining file(s) unchanged, {len(replaced)} replaced and "
               f"{len(added)} added by later commits" + (f"; {len(changed)} CHANGED IN PLACE: {', '.join(changed[:5])}"
                                                         if changed else ""))
-    back = [f["path"] for f in doc["removed_files"] + doc["indexes"]
-            if f["path"] in current or (root / f["path"]).exists()]
-    check("removed", not back, f"none of the {len(doc['removed_files']) + len(doc['indexes'])} removed file(s) is "
+    gone = doc["removed_files"] + doc["indexes"] + doc.get("monitor", {}).get("replaced", [])
+    back = [f["path"] for f in gone if f["path"] in current or (root / f["path"]).exists()]
+    check("removed", not back, f"none of the {len(gone)} removed file(s) is "
           "committed or on disk" if not back else f"{len(back)} removed file(s) are back: {', '.join(back[:5])}")
     dkey = keys.get(DENYLIST_KEY, create=False)
     with LineageStore(root) as store:

@@ -38,6 +38,10 @@ def collect(out: str | PathLike, storage: Any = None) -> dict:
     if alarms:
         info["alarms"] = con.sql(f"SELECT * FROM {alarms} ORDER BY session_id, start_tick") \
             .to_arrow_table().to_pylist()
+    info["monitor"] = output.run.get("monitor") or {}
+    m = _files(output, "monitor_alarms", con)
+    info["monitor_alarms"] = (con.sql(f"SELECT * FROM {m} ORDER BY model_id, granularity, window_index, kind")
+                              .to_arrow_table().to_pylist() if m else [])
     q = _files(output, "quarantine", con)
     if q:
         info["quarantine"] = con.sql(
@@ -86,6 +90,15 @@ def render(info: dict) -> str:
     for a in info["alarms"]:
         lines.append(f"  {a['session_id']} ticks {a['start_tick']}-{a['end_tick']} "
                      f"({a['start_t_ns'] / 1e9:.2f}-{a['end_t_ns'] / 1e9:.2f} s) max {a['max_residual_ms']:.0f} ms")
+    streams = info.get("monitor", {}).get("streams", [])
+    lines.append(f"embedding monitor: {len(info.get('monitor_alarms', []))} alarm(s)"
+                 + (" in " + "; ".join(f"{s['model_id']} {s['granularity']}: {s['windows']} windows, reference "
+                                       f"{s['reference']}" for s in streams) if streams else " (no windows)"))
+    for a in info.get("monitor_alarms", []):
+        lines.append(f"  [{a['kind']}] {a['model_id']} {a['granularity']} {a['session_id']} window {a['window_index']} "
+                     f"({a['start_t_ns'] / 1e9:.2f}-{a['end_t_ns'] / 1e9:.2f} s) "
+                     + (f"divergence {a['value']:.3f} > {a['threshold']:.3f}" if a["kind"] == "embedding_drift" else
+                        f"mean norm {a['value']:.3f}, reference {a['threshold']:.3f}"))
     lines.append(f"quarantined: {len(info['quarantine'])}")
     for q in info["quarantine"]:
         lines.append(f"  [{q['reason_code']}] {q['source_uri']} ({q['stage']}): {q['message']}")

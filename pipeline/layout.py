@@ -182,6 +182,10 @@ class OutputLayout:
         return (self.table_dir(FeatureRow) / safe_name(model_id) / granularity / safe_name(session_id)
                 / f"{safe_name(source_id)}-{attempt}-{part:05d}.parquet")
 
+    def monitor(self, row: type[_Row], attempt: str) -> PurePath:
+        """A monitor's table of one commit (``EmbeddingWindowRow``, ``MonitorAlarmRow``): rebuilt by every commit."""
+        return self.table_dir(row) / f"{attempt}.parquet"
+
     def index(self, model_id: str, granularity: str, attempt: str) -> PurePath:
         return self.root / INDEX / f"{safe_name(model_id)}__{granularity}-{attempt}.faiss"
 

@@ -29,7 +29,8 @@ OTHER = "other"
 
 # Closed label sets.
 MODALITIES = tuple(PLANS)
-STAGES = ("ingest", "embed", "align", "index", "commit")  # per-stage latency
+STAGES = ("ingest", "embed", "align", "index", "monitor", "commit")  # per-stage latency
+MONITOR_ALARMS = ("embedding_drift", "norm_jump")
 SOURCE_STATUSES = ("ingested", "partial", "quarantined", "no_stream")  # lineage row status
 DEID_KINDS = ("faces_blurred", "frame_text_blurred", "pii_replaced", "voice_frames")
 REASONS = tuple(r.value for r in QuarantineReason)
@@ -41,7 +42,7 @@ RUN_OUTCOMES = ("committed", "failed")
 LABEL_VALUES: dict[str, tuple[str, ...]] = {
     "modality": MODALITIES + ("all",), "stage": STAGES, "status": SOURCE_STATUSES, "kind": DEID_KINDS,
     "reason": REASONS, "granularity": GRANULARITIES, "result": CACHE_RESULTS, "state": WATCH_STATES,
-    "outcome": tuple(dict.fromkeys(WATCH_OUTCOMES + RUN_OUTCOMES)),
+    "outcome": tuple(dict.fromkeys(WATCH_OUTCOMES + RUN_OUTCOMES)), "alarm": MONITOR_ALARMS,
 }
 """Every value a label may take (plus ``other``): what keeps the number of series bounded."""
 
@@ -90,6 +91,11 @@ class Metrics:
         self.gaps = Counter("modalign_gaps", "Gaps in the aligned timeline", registry=r)
         self.drift_alarms = Counter("modalign_drift_alarms", "Clock drift alarms", registry=r)
         self.sessions = Counter("modalign_sessions_committed", "Sessions committed", registry=r)
+        self.monitor_windows = Gauge("modalign_monitor_windows",
+                                     "Embedding-monitor windows of the committed features (rebuilt every commit)",
+                                     registry=r)
+        self.monitor_alarms = Gauge("modalign_monitor_alarms", "Monitor alarms in the committed state, by kind",
+                                    ["alarm"], registry=r)
         self.runs = Counter("modalign_runs", "Runs (a watch: batches) ended", ["outcome"], registry=r)
         self.stage_seconds = Histogram("modalign_stage_seconds",
                                        "Latency per stage: ingest (one batch decoded, de-identified and "
@@ -150,6 +156,12 @@ class Metrics:
         self.gaps.inc(result["gaps"])
         self.drift_alarms.inc(result["drift_alarms"])
         self.stage("align", seconds)
+
+    def monitored(self, result: dict) -> None:
+        """A commit's monitors (``monitors.monitor_embeddings``): windows and alarms of the committed state."""
+        self.monitor_windows.set(result["windows"])
+        for kind in MONITOR_ALARMS:
+            self.monitor_alarms.labels(kind).set(result["alarms"].get(kind, 0))
 
     def cache_stats(self, stats: dict) -> None:
         """The embedder's cache hits and misses of one run (``FeatureCache.stats``)."""

@@ -99,6 +99,11 @@ COLUMN_LINEAGE: dict[str, dict[str, tuple[tuple[str, str, str, str], ...]]] = {
     "ctal_summary": {c: (("records", "residual_ns", "AGGREGATION", f"{c} of the residuals"),)
                      for c in ("residual_p50_ms", "residual_p95_ms", "residual_max_ms")},
     "drift_alarms": {"max_residual_ms": (("records", "residual_ns", "AGGREGATION", "max pairwise residual"),)},
+    "monitor_windows": {
+        "divergence": (("features", "vector", "AGGREGATION", "KL of a window's histograms against the reference's"),),
+        "mean_norm": (("features", "vector", "AGGREGATION", "mean L2 norm of a window's vectors"),),
+    },
+    "monitor_alarms": {"value": (("features", "vector", "AGGREGATION", "divergence or mean norm of the window"),)},
 }
 
 
@@ -585,6 +590,7 @@ class RunLineage:
     def complete(self, snapshot: Any) -> None:
         """COMPLETE of the run after its commit: the tables it wrote, as committed."""
         files = sorted(f for s in snapshot.sessions.values() if s.get("run_id") == snapshot.run_id for f in s["files"])
+        files += [f for f in snapshot.shared if f.startswith("monitor/")]  # the monitors' tables: every commit's own
         rows = [r for rows in self.done.values() for r in rows]
         self._event("COMPLETE", run_id=self.run_id, job_name=self.config.job_name, inputs=input_datasets(rows),
                     outputs=output_datasets(self.out, files, rows, version=str(snapshot.version)))

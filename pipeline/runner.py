@@ -45,6 +45,7 @@ from modalign.pipeline.items import (ClockItem, DoneItem, EmbedItem, FaultItem, 
 from modalign.pipeline.layout import OutputLayout, attempt_of, storage_faults, write_fault
 from modalign.pipeline.lease import Lease
 from modalign.pipeline.metrics import Metrics
+from modalign.pipeline.monitors import monitor_embeddings, monitor_reference
 from modalign.pipeline.openlineage import RunLineage
 from modalign.pipeline.worker import PARTS_PER_RANGE, lineage_row, source_lineage
 from modalign.schemas.arrow import rows_to_table
@@ -158,6 +159,8 @@ class Runner:
         self.denylist = Denylist()  # the committed denylist of OUT, read once the lease is held
         self.committed: Snapshot | None = None  # the commit this run made
         self.metrics = metrics or Metrics()  # fed from the items routed here; served by the CLI when asked
+        # the monitors' OUT0 and its committed feature files, if any (ConfigError before work)
+        self.reference: tuple[Any, list[str]] = monitor_reference(config.monitor.reference, config.storage)
 
     # -- Ray ---------------------------------------------------------------------------
     def _init_ray(self) -> int:
@@ -328,7 +331,15 @@ class Runner:
             indexes = build_indexes(self.layout, features, self.attempt)
             self.metrics.stage("index", time.perf_counter() - t)
             summary["indexes"] = indexes
-            shared = [ix["path"] for ix in indexes] + carried_shared(base)  # + the denylist, erasure reports
+            t = time.perf_counter()
+            monitor = monitor_embeddings(self.layout, features, self.attempt, self.config.monitor.embedding,
+                                         *self.reference)
+            self.metrics.stage("monitor", time.perf_counter() - t)
+            self.metrics.monitored(monitor)
+            summary["monitor"] = {k: monitor[k] for k in ("windows", "alarms", "streams")}
+            summary["counts"]["monitor_alarms"] = dict(monitor["alarms"])
+            shared = ([ix["path"] for ix in indexes] + monitor["files"]
+                      + carried_shared(base))  # + the denylist, erasure reports
             if not self.layout.is_s3:  # an object is durable once its upload completed
                 new_files = [self.out / f for s in sessions.values() for f in s["files"]] + [self.out / f for f in shared]
                 for folder in sorted({p.parent for p in new_files}):

@@ -226,6 +226,38 @@ class StorageConfig(_Strict):
                                  description="concurrent calls per store and process (stays under S3's per-prefix limits)")
 
 
+class EmbeddingMonitorConfig(_Strict):
+    """The embedding drift monitor (``operators.monitor.embedding_drift``; ``runbooks/embedding-drift.md``)."""
+
+    enabled: bool = Field(True, description="monitor every (model, granularity) of the committed features")
+    window: int = Field(32, ge=4, le=100_000, description="vectors per window (a session's last window takes "
+                                                          "the remainder: windows of window to 2 * window - 1)")
+    bins: int = Field(8, ge=2, le=256, description="equal-mass bins per statistic, from the reference")
+    projections: int = Field(4, ge=0, le=64, description="fixed random projections histogrammed besides the L2 norm")
+    reference_windows: int = Field(8, ge=2, le=10_000, description="the first N windows are the reference "
+                                                                   "(unless --reference OUT0)")
+    history: int = Field(32, ge=2, le=100_000, description="past divergences the threshold's mean and sigma use")
+    update_every: int = Field(4, ge=1, le=100_000, description="windows between threshold updates (k)")
+    alpha: float = Field(2.0, ge=0, le=100, description="threshold = mu + alpha * sigma")
+    alpha_step: float = Field(0.5, ge=0, le=100, description="alpha rises by this after adapt_after consecutive "
+                                                             "alarms (0: never); it resets after a quiet window")
+    adapt_after: int = Field(3, ge=1, le=10_000, description="consecutive alarms before alpha rises")
+    alpha_max: float = Field(6.0, ge=0, le=1000, description="alpha never rises above this")
+    norm_jump: float = Field(0.2, gt=0, le=1000, description="a norm alarm needs the window's mean L2 norm this "
+                                                             "far from the reference's, relative...")
+    norm_sigmas: float = Field(4.0, ge=0, le=1000, description="... and this many sigmas of the reference "
+                                                               "windows' mean norms")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="seed of the random projections")
+
+
+class MonitorConfig(_Strict):
+    embedding: EmbeddingMonitorConfig = EmbeddingMonitorConfig()
+    reference: str | None = Field(
+        None, min_length=1, max_length=4096,
+        description="another modalign output (a folder or s3://bucket/prefix) whose committed features are the "
+                    "monitors' reference (`--reference OUT0`); None: the first windows of this output")
+
+
 class RunConfig(_Strict):
     """Everything ``modalign run`` needs besides INPUT and --out."""
 
@@ -236,6 +268,7 @@ class RunConfig(_Strict):
     runtime: RuntimeConfig = RuntimeConfig()
     openlineage: LineageEventsConfig = LineageEventsConfig()
     storage: StorageConfig = StorageConfig()
+    monitor: MonitorConfig = MonitorConfig()
     key_store: Path | None = Field(
         None, description="pseudonym key vault; default ~/.modalign/keys (never inside the output folder)"
     )

@@ -262,7 +262,45 @@ class SourceLineageRow(_Row):
                                                         "read (None: the source was not read)")
 
 
+class EmbeddingWindowRow(_Row):
+    """One window of the embedding drift monitor: a session's vectors of one model and granularity
+    in time order (monitor/embedding; ``operators.monitor.embedding_drift``)."""
+
+    TABLE: ClassVar[str] = "monitor_windows"
+    PATH: ClassVar[str] = "monitor/embedding"
+    model_id: str
+    granularity: str
+    session_id: str
+    window_index: I32 = Field(description="index in the (model, granularity) stream, over every session in order")
+    start_t_ns: int
+    end_t_ns: int
+    vectors: I32
+    mean_norm: float
+    reference: bool = Field(description="part of the reference (no divergence, no alarm)")
+    divergence: float | None = Field(None, description="mean KL of the window's histograms against the reference's")
+    threshold: float | None = Field(None, description="mu + alpha * sigma of past divergences when it was scored")
+    alpha: float | None = None
+    drift_alarm: bool = False
+    norm_alarm: bool = False
+
+
+class MonitorAlarmRow(_Row):
+    """A monitor's alarm (monitor/alarms): kind embedding_drift or norm_jump; runbooks/embedding-drift.md."""
+
+    TABLE: ClassVar[str] = "monitor_alarms"
+    PATH: ClassVar[str] = "monitor/alarms"
+    kind: str
+    model_id: str
+    granularity: str
+    session_id: str
+    window_index: I32
+    start_t_ns: int
+    end_t_ns: int
+    value: float = Field(description="the divergence (embedding_drift) or the window's mean norm (norm_jump)")
+    threshold: float = Field(description="the divergence threshold, or the reference's mean norm")
+
+
 ALL_TABLES: tuple[type[_Row], ...] = (
     VideoFrameRow, MfccRow, TextBlockRow, RecordRow, CtalRow, CtalSummaryRow,
-    DriftAlarmRow, FeatureRow, QuarantineRow, SourceLineageRow,
+    DriftAlarmRow, FeatureRow, QuarantineRow, SourceLineageRow, EmbeddingWindowRow, MonitorAlarmRow,
 )

@@ -13,6 +13,9 @@ share: ``test_lineage_queries`` (trace, access, the subject registry),
 - ``deck``: the meeting's slides again in a session that lists no subject: only the subject
   registry (a name, outside OUT) links it to subject-0001.
 
+The embedding monitor runs with windows of 4 vectors (2 of them the reference), so that every
+session has windows.
+
 A test that changes OUT or the key store works on a copy (``shutil.copytree``).
 """
 
@@ -57,6 +60,8 @@ def lineage_run(ray_local, sample_manifest, tmp_path_factory) -> LineageRun:
         "session_id: deck\nsources:\n  - {id: slides, uri: slides.pdf, modality: pdf}\n")
     root = tmp_path_factory.mktemp("lineage-out")
     out, keys = root / "out", root / "keys"
-    summary = Runner(RunConfig(key_store=keys), out, progress=lambda _m: None).run(d)
+    # small monitor windows, so that the sessions have embedding-monitor windows to erase and rebuild
+    config = RunConfig(key_store=keys, monitor={"embedding": {"window": 4, "reference_windows": 2}})
+    summary = Runner(config, out, progress=lambda _m: None).run(d)
     assert summary["counts"]["sessions"] == 3 and summary["counts"]["quarantined"] == 0
     return LineageRun(out=out, input=d, keys=keys)

@@ -36,6 +36,7 @@ S = "subject-0001"
 ERASED = {("sample-meeting", s) for s in ("room_video", "room_video.audio", "lapel", "slides")} | {("solo", "room")}
 MENTIONED = {("deck", "slides")}  # lists no subject; found through the registry, erased whole
 GONE = ERASED | MENTIONED
+MONITOR_TABLES = {"monitor_windows", "monitor_alarms"}  # rebuilt over what is left: test_the_monitor_...
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +142,7 @@ def test_access_lists_what_was_planted_and_erase_removes_it_all(planted, erased)
     assert c.get("ctal", 0) == rep["counts"]["ctal"] + deck["ctal"]
     assert sorted(report["sessions_dropped"]) == ["deck", "sample-meeting"]
     after = _tables(out)
-    for table in TABLES:  # nothing of S left; every other row exactly as it was (multisets)
+    for table in set(TABLES) - MONITOR_TABLES:  # nothing of S left; every other row exactly as it was (multisets)
         assert not [r for r in after[table] if _erased_row(table, r)], table
         assert _multiset([r for r in after[table] if not _erased_row(table, r)]) == _multiset(
             [r for r in before[table] if not _erased_row(table, r)]), table
@@ -179,6 +180,31 @@ def test_a_byte_scan_of_out_finds_none_of_the_subjects_ids_pseudonyms_or_feature
 
     cached = FeatureCache(erased["out"] / "cache").keys()
     assert not ({c["cache_key"] for c in rep["cache"]} - kept) & cached  # only entries other rows still name
+
+
+def test_the_monitor_is_rebuilt_over_what_the_erasure_leaves(planted, erased, tmp_path):
+    from modalign.pipeline.layout import OutputLayout
+    from modalign.pipeline.monitors import monitor_embeddings
+    from modalign.schemas.config import EmbeddingMonitorConfig
+
+    before = planted["tables"]["monitor_windows"]
+    assert {"sample-meeting", "solo", "deck"} <= {r["session_id"] for r in before}
+    after = _tables(erased["out"])["monitor_windows"]
+    assert not {r["session_id"] for r in after} & {"sample-meeting", "deck"}
+    # exactly what the monitor computes afresh over the features the erasure left
+    output = modalign.open(erased["out"])
+    copy = tmp_path / "again"
+    shutil.copytree(erased["out"], copy)
+    features = sorted(f for f in output.snapshot.files() if f.startswith("features/"))
+    cfg = EmbeddingMonitorConfig.model_validate(output.run["config"]["monitor"]["embedding"])
+    again = monitor_embeddings(OutputLayout.of(copy), features, "check", cfg)
+    rows = pq.read_table(copy / again["files"][0]).to_pylist() if again["files"] else []
+    assert _multiset(after) == _multiset(rows) and output.run["monitor"]["windows"] == len(rows)
+    old = erased["report"]["monitor"]["replaced"]
+    assert old and all(f["sha256"].startswith("sha256:") for f in old)
+    assert not {f["path"] for f in old} & output.snapshot.files()
+    assert not [p for p in (erased["out"] / "monitor").rglob("*.parquet")
+                if p.relative_to(erased["out"]).as_posix() not in output.snapshot.shared]
 
 
 def test_verify_passes_and_a_tampered_report_fails(planted, erased, tmp_path, capsys):

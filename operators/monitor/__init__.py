@@ -1,0 +1,1 @@
+"""Monitors over what the pipeline wrote: embedding drift (``embedding_drift``)."""
