@@ -60,8 +60,9 @@ def test_run_metrics_equal_run_json(ray_local, sample_manifest, tmp_path):
     metrics = Metrics()
     metrics.serve(0)
     try:
-        summary = Runner(RunConfig(key_store=tmp_path / "keys", **FAST), out, progress=lambda _m: None,
-                         metrics=metrics).run(inp)
+        monitor = {"embedding": {"window": 4, "reference_windows": 2, "alpha": 0, "alpha_step": 0}}  # alarms
+        summary = Runner(RunConfig(key_store=tmp_path / "keys", monitor=monitor, **FAST), out,
+                         progress=lambda _m: None, metrics=metrics).run(inp)
         got = _scrape(metrics.url)  # the run is over; the endpoint is still up (the caller's)
     finally:
         metrics.close()
@@ -83,6 +84,11 @@ def test_run_metrics_equal_run_json(ray_local, sample_manifest, tmp_path):
     assert _v(got, "modalign_deidentified_items_total", kind="voice_frames") == sum(c["voice_frames"].values()) > 0
     for name in ("ticks", "gaps", "drift_alarms"):
         assert _v(got, f"modalign_{name}_total") == c[name], name
+    assert _v(got, "modalign_monitor_windows") == run_json["monitor"]["windows"] > 0
+    for kind in ("embedding_drift", "norm_jump"):
+        assert _v(got, "modalign_monitor_alarms", alarm=kind) == c["monitor_alarms"][kind], kind
+    assert c["monitor_alarms"]["embedding_drift"] > 0
+    assert _v(got, "modalign_stage_seconds_count", stage="monitor", modality="all") == 1
     assert _v(got, "modalign_sessions_committed_total") == 2
     assert _v(got, "modalign_runs_total", outcome="committed") == 1
 
@@ -120,7 +126,7 @@ def test_run_metrics_equal_run_json(ray_local, sample_manifest, tmp_path):
     assert _v(got, "modalign_stage_seconds_count", stage="embed", modality="video") > 0
     assert _v(got, "modalign_stage_seconds_sum", stage="ingest", modality="video") > 0
     for labels in got["modalign_stage_seconds_count"]:  # nothing but closed label values
-        assert dict(labels)["stage"] in ("ingest", "embed", "align", "index", "commit")
+        assert dict(labels)["stage"] in ("ingest", "embed", "align", "index", "monitor", "commit")
         assert dict(labels)["modality"] in ("video", "audio", "pdf", "all")
 
 

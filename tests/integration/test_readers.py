@@ -27,7 +27,7 @@ MS = 1_000_000
 @pytest.fixture(scope="module")
 def sample_out(ray_local, sample_manifest, tmp_path_factory) -> Path:
     """One run that fills every table: the sample meeting, a drifting recorder (a drift
-    alarm) and a broken file (a quarantine row)."""
+    alarm), a broken file (a quarantine row) and a monitor set to alarm."""
     d = tmp_path_factory.mktemp("readers-in")
     shutil.copytree(sample_manifest.parent, d / "meeting")
     (d / "broken.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"garbage" * 300)
@@ -39,8 +39,11 @@ def sample_out(ray_local, sample_manifest, tmp_path_factory) -> Path:
         "session_id: drift\nsources:\n  - {id: room, uri: room.wav, modality: audio}\n"
         f"  - {{id: lapel, uri: lapel.wav, modality: audio, clock: {{offset_ns: {250 * MS}, verify_with: room}}}}\n")
     out = tmp_path_factory.mktemp("readers-out") / "out"
-    summary = Runner(RunConfig(key_store=out.parent / "keys"), out, progress=lambda _m: None).run(d)
+    # small monitor windows and alpha 0 (the threshold is the mean of past divergences): monitor alarms
+    monitor = {"embedding": {"window": 4, "reference_windows": 2, "alpha": 0, "alpha_step": 0}}
+    summary = Runner(RunConfig(key_store=out.parent / "keys", monitor=monitor), out, progress=lambda _m: None).run(d)
     assert summary["counts"]["drift_alarms"] >= 1 and summary["counts"]["quarantined"] >= 1
+    assert summary["counts"]["monitor_alarms"]["embedding_drift"] >= 1
     return out
 
 

@@ -102,7 +102,9 @@ def cluster(tmp_path_factory):
                        for p in node.all_processes.get("raylet", [])]
             config = root / "config.json"
             config.write_text(json.dumps({"key_store": str(root / "keys"), "storage": {"endpoint_url": s3.endpoint},
-                                          "runtime": {"ingest_actors": 2}, "policy": POLICY}))
+                                          "runtime": {"ingest_actors": 2}, "policy": POLICY,
+                                          # small windows: the monitor's tables are compared too
+                                          "monitor": {"embedding": {"window": 4, "reference_windows": 2}}}))
             yield {"s3": s3, "address": c.address, "env": env, "config": config, "root": root, "raylets": raylets,
                    "nodes": {"head": ray_dir / "head", "worker": ray_dir / "worker"}}
         finally:
@@ -234,7 +236,7 @@ def test_watch_under_chaos_commits_exactly_what_a_clean_batch_run_commits(cluste
         for name in TABLES:
             expected, got = _rows(batch, name), _rows(stream, name)
             diffs[name] = _diff(expected, got)
-            assert sum(expected.values()) > 0 or name in ("drift_alarms", "quarantine"), name
+            assert sum(expected.values()) > 0 or name in ("drift_alarms", "quarantine", "monitor_alarms"), name
     print(f"\nchaos: {len(chaos['killed'])} actor kills ({', '.join(sorted(chaos['killed']))}), watch driver "
           f"SIGKILLed at {chaos['driver_killed_at']:.0f} s, {chaos['chaos_s']:.0f} s in all; (lost, duplicated) per "
           f"table: {diffs}")
