@@ -45,7 +45,8 @@ pytestmark = pytest.mark.integration
 SESSIONS = ("standup", "review", "retro")
 ACTORS = ("IngestActor", "EmbedActor", "AlignerActor")
 KILL_EVERY_S = (8.0, 12.0)
-DEADLINE_S = 420  # the whole chaos phase (the issue asks for under 5 minutes on a quiet machine)
+DEADLINE_S = 720  # the whole chaos phase: a guard against a hang, not a timing (the issue asks for under 5 minutes
+#                   on a quiet machine; it takes about 3 there, and twice that on a loaded CI machine)
 # Faces and text shown in frames kept (not detected): the slowest stages, and exactly-once does
 # not depend on them (tests/integration/test_watch.py uses the same).
 POLICY = {"face": {"action": "keep"}, "frame_text": {"action": "keep"}}
