@@ -36,10 +36,6 @@ EXAMPLES = {
 }
 
 
-def _progress(msg: str) -> None:
-    print(f"modalign: {msg}", file=sys.stderr, flush=True)
-
-
 def cmd_sample(args: argparse.Namespace) -> int:
     from modalign.pipeline.sample import generate_sample
 
@@ -64,9 +60,9 @@ def _metrics(args: argparse.Namespace, default_port: int | None = None):
         except EnvironmentFaultError as exc:
             if args.metrics_port is not None:
                 raise
-            _progress(f"metrics not served: {exc.message}")
+            args.display.message(f"metrics not served: {exc.message}", "warning")
         else:
-            _progress(f"metrics: {metrics.url}")
+            args.display.message(f"metrics: {metrics.url}")
     return metrics
 
 
@@ -87,11 +83,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = _with_options(resolve_config(args.config), args)
     metrics = _metrics(args)
     try:
-        summary = Runner(config, args.out, progress=_progress, metrics=metrics).run(args.input)  # a path or s3://
+        summary = Runner(config, args.out, progress=args.display.message, metrics=metrics,
+                         display=args.display).run(args.input)  # a path or s3://
         if metrics.port and args.metrics_linger > 0:  # a last scrape sees the final values
             time.sleep(args.metrics_linger)
     finally:
         metrics.close()
+        args.display.close()
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     else:
@@ -110,12 +108,14 @@ def cmd_watch(args: argparse.Namespace) -> int:
     config = _with_options(resolve_config(args.config), args)
     metrics = _metrics(args, WATCH_PORT)
     watch = Watch(config, listing_for(args.input, args.out, config), args.out, interval_s=args.interval,
-                  settle_s=args.settle, max_in_flight=args.max_in_flight, once=args.once, progress=_progress,
-                  report_every_s=args.report_every, metrics=metrics, lease_wait_s=args.lease_wait)
+                  settle_s=args.settle, max_in_flight=args.max_in_flight, once=args.once,
+                  progress=args.display.message, report_every_s=args.report_every, metrics=metrics,
+                  lease_wait_s=args.lease_wait, display=args.display)
     try:
         status = watch.run(handle_signals=True)
     finally:
         metrics.close()
+        args.display.close()
     if args.json:
         print(json.dumps(status, indent=2, default=str))
     return status["exit_code"]
@@ -174,7 +174,7 @@ def cmd_lineage_erase(args: argparse.Namespace) -> int:
     from modalign.pipeline.lineage import to_json
 
     report = erase(args.out, subject=args.subject, source=args.source, scope=args.scope, dry_run=args.dry_run,
-                   key_store=args.key_store, progress=None if args.json else _progress, registry=args.registry,
+                   key_store=args.key_store, progress=None if args.json else args.display.message, registry=args.registry,
                    mentions=not args.keep_mentions)
     print(to_json(report) if args.json else render_erasure(report))
     return 0
@@ -209,6 +209,14 @@ def _metrics_options(sp: argparse.ArgumentParser, default: str) -> None:
                     help=f"address the metrics endpoint binds (default {METRICS_HOST}; 0.0.0.0 in a pod)")
 
 
+def _display_options(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("-q", "--quiet", action="store_true",
+                    help="no progress and no informational messages on stderr (warnings and errors still)")
+    sp.add_argument("--log-format", choices=["text", "json"], default="text",
+                    help="stderr as text (progress bars on a terminal, plain lines otherwise; default) or one "
+                         "JSON object per line (messages, progress, logs)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="modalign",
@@ -222,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_, description=help_, epilog=f"example: {EXAMPLES[name]}")
         sp.set_defaults(fn=fn)
         sp.add_argument("--json", action="store_true", help="machine-readable output")
+        _display_options(sp)
         return sp
 
     sp = add("sample", "generate a realistic sample session (video, lapel audio, slides PDF, manifest)", cmd_sample)
@@ -327,6 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "runbooks/erasure.md",
                          epilog=f"example: {EXAMPLES['lineage erase']}")
     sp.set_defaults(fn=cmd_lineage_erase)
+    _display_options(sp)
     sp.add_argument("out", help="output folder of `modalign run`")
     who = sp.add_mutually_exclusive_group(required=True)
     who.add_argument("--subject", help="data-subject id as the manifest lists it (never a name)")
@@ -360,14 +370,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _JsonLogFormatter(logging.Formatter):
+    """``--log-format json``: a log record as one JSON line, like the display's messages."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        from modalign.pipeline.progress import json_line
+
+        return json_line("log", level=record.levelname.lower(), logger=record.name, message=record.getMessage())
+
+
 def main(argv: list[str] | None = None) -> int:
+    from modalign.pipeline.progress import make_display
+
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_format = getattr(args, "log_format", "text")
+    handler = logging.StreamHandler()
+    handler.setFormatter(_JsonLogFormatter() if log_format == "json" else
+                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, handlers=[handler])
+    if log_format == "json":  # a record of a logger without handlers (Ray's, once ray.init removed them): JSON too
+        logging.lastResort = logging.StreamHandler()
+        logging.lastResort.setLevel(logging.WARNING)
+        logging.lastResort.setFormatter(_JsonLogFormatter())
+    args.display = make_display(quiet=getattr(args, "quiet", False), log_format=log_format)
     try:
         return args.fn(args)
     except ModalignError as exc:
-        print(f"modalign: error: {exc}", file=sys.stderr)
+        args.display.close()
+        args.display.message(f"error: {exc}", "error")
         return 1
 
 

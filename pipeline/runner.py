@@ -46,6 +46,7 @@ from modalign.pipeline.layout import OutputLayout, attempt_of, storage_faults, w
 from modalign.pipeline.lease import Lease
 from modalign.pipeline.metrics import Metrics
 from modalign.pipeline.monitors import monitor_embeddings, monitor_reference
+from modalign.pipeline.progress import Display
 from modalign.pipeline.openlineage import RunLineage
 from modalign.pipeline.worker import PARTS_PER_RANGE, lineage_row, source_lineage
 from modalign.schemas.arrow import rows_to_table
@@ -136,9 +137,11 @@ class _SourceStream:
 
 class Runner:
     def __init__(self, config: RunConfig, out: Path, progress: Callable[[str], None] | None = None, *,
-                 metrics: Metrics | None = None, pool: Any = None) -> None:
-        """``pool``: an ``actors.ActorPool`` to run on and leave running (a watch's, warm across its
-        batches); None: the run starts its own and kills it at the end."""
+                 metrics: Metrics | None = None, pool: Any = None, display: Display | None = None) -> None:
+        """``progress``: where messages go; ``display``: what shows the run's progress (bars on a
+        terminal, plain lines: ``pipeline.progress``; default none); ``pool``: an
+        ``actors.ActorPool`` to run on and leave running (a watch's, warm across its batches);
+        None: the run starts its own and kills it at the end."""
         self.config = config
         self.pool = pool
         self.timing: dict[str, float] = {}  # run.json ``timing``: start-up apart from processing
@@ -159,6 +162,7 @@ class Runner:
         self.denylist = Denylist()  # the committed denylist of OUT, read once the lease is held
         self.committed: Snapshot | None = None  # the commit this run made
         self.metrics = metrics or Metrics()  # fed from the items routed here; served by the CLI when asked
+        self.display = display or Display()  # fed from the same items
         # the monitors' OUT0 and its committed feature files, if any (ConfigError before work)
         self.reference: tuple[Any, list[str]] = monitor_reference(config.monitor.reference, config.storage)
 
@@ -203,6 +207,7 @@ class Runner:
             self.metrics.runs.labels("failed").inc()
             raise
         finally:
+            self.display.run_ended()
             if committed is None and self._holds(lease):  # nothing of this attempt is listed: remove it
                 self._sweep(base.files() if base else set(), quietly=True)
         self.committed = committed
@@ -248,6 +253,8 @@ class Runner:
                     s.manifest.session_id, cfg_json, str(self.out), self.attempt, [j.spec.id for j in session_jobs])
                 aligners.append(st.aligner)
                 jobs += [(st, j) for j in session_jobs]
+            rejected = sum(len(st.quarantine) for st in self.states)  # sources refused before any work
+            self.display.run_started(len(sessions), len(jobs) + rejected, rejected)
 
             gpu = embed_actor_resources(self.config.embed.device, ray.cluster_resources().get("GPU", 0))
             # The ingest actors take every CPU, so an embed actor asking for one would never be
@@ -260,6 +267,7 @@ class Runner:
             chains = sorted({(plan_for(j.spec.modality).name, j.tenant) for _st, j in jobs})
             self.timing["actors_ready_s"] = round(pool.ready(self.config, str(self.out), str(self.key_store),
                                                              self.attempt, n_ingest, embed_options, chains), 3)
+            self.display.stage("ingest")
             t = time.perf_counter()
             jobs = self._split(jobs, pool.ingest)
             free: queue.Queue = queue.Queue()  # ingest actors with nothing to do
@@ -293,11 +301,13 @@ class Runner:
             self._raise_if_halted()
 
             align = {}
+            self.display.stage("align")
             for st in self.states:
                 sid = st.session.manifest.session_id
                 ta = time.perf_counter()
                 align[sid] = self._finish_aligner(st)
                 self.metrics.aligned(align[sid], time.perf_counter() - ta)
+                self.display.session_aligned()
                 st.files.update(align[sid]["files"])
                 for k in ("ticks", "gaps", "ctal_rows", "drift_alarms"):
                     self.counts[k] += align[sid][k]
@@ -326,6 +336,7 @@ class Runner:
         carried = {sid: s for sid, s in (base.sessions.items() if base else ()) if sid not in sessions}
         features = sorted(f for s in [*sessions.values(), *carried.values()] for f in s["files"]
                           if f.startswith("features/"))
+        self.display.stage("commit")
         with storage_faults(self.out):
             t = time.perf_counter()
             indexes = build_indexes(self.layout, features, self.attempt)
@@ -505,6 +516,7 @@ class Runner:
             except ray.exceptions.RayError as exc:
                 self._cut_short(st, src, exc, embedder)
                 break
+        self.display.stream_done(stream_key(job))
         if self._stop.is_set():  # the run is stopping: nothing of this source is recorded
             return
         if job.range is not None:
@@ -569,6 +581,7 @@ class Runner:
             self.counts[f"events_{job.spec.modality}"] += events
             self.counts.update(done.counts)
         self.metrics.source_done(job.spec.modality, done.row.status, _source_bytes(job), done.counts)
+        self.display.source_done(done.row.status)
         self.progress(f"ingest {job.session_id}/{job.spec.id} ({job.spec.modality}): {events} events, "
                       f"{done.row.status}")
 
@@ -629,6 +642,7 @@ class Runner:
                                   f"skew {clock.skew_ppm:+.1f} ppm (estimated against {clock.estimate_from})")
             case SourceItem(lineage=lineage):
                 src.lineage, src.end_ns = lineage, item.end_ns
+                self.display.stream_started(stream_key(job), job.spec.modality, item.end_ns)
                 clock = src.clock.mapping if src.clock else job.spec.clock
                 ranged = self._ranged.get((job.session_id, job.spec.id)) if job.range is not None else None
                 if ranged is not None:
@@ -644,8 +658,13 @@ class Runner:
                     src.pending.append(self._align(st, ("observe_offsets", job.spec.id, src.clock.windows)))
             case MetaItem(table=table):
                 src.events += table.num_rows
+                t_min = t_max = None
                 if table.num_rows:
-                    src.last_t_ns = max(src.last_t_ns or 0, pc.max(table.column("t_ns")).as_py())
+                    span = pc.min_max(table.column("t_ns"))
+                    t_min, t_max = span["min"].as_py(), span["max"].as_py()
+                    src.last_t_ns = max(src.last_t_ns or 0, t_max)
+                pages = pc.unique(table.column("t_ns")).to_pylist() if job.spec.modality == "pdf" else None
+                self.display.stream_advanced(stream_key(job), job.spec.modality, table.num_rows, t_min, t_max, pages)
                 with self._lock:
                     st.files.add(item.path)
                 latency = (time.perf_counter() - src.started) * 1e3
@@ -660,8 +679,10 @@ class Runner:
                     lineage = src.lineage.model_dump() if src.lineage else {}
                     src.pending.append(embedder.embed.remote(modality, table_ref, lineage, src.part))
                     src.part += 1
+                    self.display.embed_submitted()
             case QuarantineItem(row=row):
                 self.progress(f"quarantine {row.source_uri}: [{row.reason_code}] {row.message}")
+                self.display.quarantined()
                 with self._lock:
                     st.quarantine.append(row)
             case FaultItem(message=message):
@@ -835,6 +856,7 @@ class Runner:
             results += self._get(refs, "the embed actor")
         for r in results:
             if isinstance(r, dict) and "granularities" in r:
+                self.display.embed_done()
                 with self._lock:
                     self.metrics.embedded(r)
                     for g, n in r["granularities"].items():
@@ -887,6 +909,12 @@ class Runner:
             "config": self.config.model_dump(mode="json"),
             "exit_code": EXIT_QUARANTINED if c["quarantined"] else EXIT_OK,
         }
+
+
+def stream_key(job: SourceJob) -> str:
+    """How a progress display names one source stream (a video's range: ``range K/N``)."""
+    key = f"{job.session_id}/{job.spec.id}"
+    return key if job.range is None else f"{key} range {job.range.index + 1}/{job.range.count}"
 
 
 def ranged_sha256(streams: list[_SourceStream]) -> str | None:

@@ -50,6 +50,7 @@ from modalign.pipeline.lease import Lease
 from modalign.pipeline.listing import Candidate, Entry, Found, Listing, LocalListing, S3Listing, SourceVersion
 from modalign.pipeline.metrics import Metrics
 from modalign.pipeline.objstore import Location
+from modalign.pipeline.progress import Display
 from modalign.pipeline.runner import EXIT_FAILED, EXIT_OK, EXIT_QUARANTINED, Runner, init_ray
 from modalign.schemas.config import RunConfig
 from modalign.schemas.errors import ConfigError, ModalignError, OutputLockedError, QuarantineReason
@@ -107,7 +108,8 @@ class Watch:
     def __init__(self, config: RunConfig, listing: Listing, out: Path, *, interval_s: float = 5.0,
                  settle_s: float = 10.0, max_in_flight: int = 1, once: bool = False,
                  progress: Callable[[str], None] | None = None, report_every_s: float = 60.0,
-                 metrics: Metrics | None = None, lease_wait_s: float = 0.0) -> None:
+                 metrics: Metrics | None = None, lease_wait_s: float = 0.0, display: Display | None = None) -> None:
+        """``display``: what shows each batch's progress (``pipeline.progress``; default none)."""
         if interval_s <= 0 or settle_s < 0 or max_in_flight < 1:
             raise ConfigError(f"watch: --interval must be > 0 (got {interval_s}), --settle >= 0 (got {settle_s}), "
                               f"--max-in-flight >= 1 (got {max_in_flight})")
@@ -120,6 +122,7 @@ class Watch:
         self.progress = progress or (lambda msg: log.info(msg))
         self.report_every_s = report_every_s
         self.metrics = metrics or Metrics()  # the CLI serves it (``--metrics-port``)
+        self.display = display
         self.watch_id = uuid.uuid4().hex
         self.started_at = time.time()  # wall clock: compared with mtimes
         self._t0 = time.monotonic()  # durations
@@ -283,7 +286,7 @@ class Watch:
     def _process(self, lease: Lease, batch: list[tuple[Candidate, float]]) -> bool:
         """Run and commit one batch; False when it did not commit."""
         self._ensure_ray()
-        runner = Runner(self.config, self.out, self.progress, metrics=self.metrics)
+        runner = Runner(self.config, self.out, self.progress, metrics=self.metrics, display=self.display)
         self._runner = runner
         self.in_flight = [c.session_id for c, _ in batch]
         self.metrics.in_flight.set(len(batch))
