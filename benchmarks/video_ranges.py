@@ -21,7 +21,6 @@ run that dropped frames shows it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -31,7 +30,8 @@ from pathlib import Path
 
 import yaml
 
-from e2e import REPO, _timing, default_config, measure, modalign_cmd, modalign_counts, with_settings, write_config
+from e2e import (REPO, _timing, cpu_lines, default_config, measure, modalign_cmd, modalign_counts, produced,
+                 with_settings, write_config)
 
 RUNS = {
     "1 actor": ["runtime.ingest_actors=1"],
@@ -104,11 +104,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"- 1 actor in ranges vs one whole decode: {whole['wall_s'] / one['wall_s']:.2f}x the rate "
                   "(the overlap each range decodes twice)")
         print("\nCPU seconds by process:")
-        for name, r in results.items():
-            print(f"- {name}: " + ", ".join(f"{p} {s:.1f}" for p, s in list(r["cpu_by_process"].items())[:5]))
+        print("\n".join(cpu_lines(results)))
         print("\nproduced:")
-        for name, r in results.items():
-            print(f"- {name}: {json.dumps(r['produced'], sort_keys=True)}")
+        print("\n".join(produced(results)))
         failed = [n for n, r in results.items() if r["rc"] not in (0, 3)]
         if failed:
             print(f"\nfailed: {', '.join(failed)} (see the logs in {work})")
