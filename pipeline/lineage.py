@@ -765,41 +765,57 @@ def render_access(report: dict) -> str:
     return "\n".join(lines)
 
 
+# -- HTML pages a person reads (the access report here, the run report in ``pipeline.report``) --
 # A short value stays on one line; a long one (a path, a hash, a detector string: class "w") may wrap
 # anywhere rather than widen the page past the window.
 _WRAP_AFTER = 24  # characters
-_CSS = ("body{font-family:sans-serif;margin:2em;color:#222;line-height:1.35}"
-        "table{border-collapse:collapse;margin:.5em 0 1.5em;max-width:100%}"
-        "td,th{border:1px solid #bbb;padding:2px 6px;font-size:13px;text-align:left;vertical-align:top;"
-        "white-space:nowrap}td.w{white-space:normal;overflow-wrap:anywhere}th{background:#eee}"
-        "tr:nth-child(odd) td{background:#fafafa}"
-        "code{font-size:.9em;overflow-wrap:anywhere}pre{font-size:12px;white-space:pre-wrap;overflow-wrap:anywhere}"
-        "details{margin:.3em 0}summary{cursor:pointer;color:#1a4f8b}h2{margin-top:1.6em}")
+PAGE_CSS = ("body{font-family:sans-serif;margin:2em;color:#222;line-height:1.35}"
+            "table{border-collapse:collapse;margin:.5em 0 1.5em;max-width:100%}"
+            "td,th{border:1px solid #bbb;padding:2px 6px;font-size:13px;text-align:left;vertical-align:top;"
+            "white-space:nowrap}td.w{white-space:normal;overflow-wrap:anywhere}th{background:#eee}"
+            "tr:nth-child(odd) td{background:#fafafa}"
+            "code{font-size:.9em;overflow-wrap:anywhere}pre{font-size:12px;white-space:pre-wrap;overflow-wrap:anywhere}"
+            "details{margin:.3em 0}summary{cursor:pointer;color:#1a4f8b}h2{margin-top:1.6em}")
+FOLD_AFTER = 20  # rows: a longer table is folded in a <details> (a click opens it)
+
+
+def html_escape(v: Any) -> str:
+    """``v`` as HTML text or attribute value (None: empty), every markup character escaped."""
+    return html.escape("" if v is None else str(v), quote=True)
+
+
+def html_table(rows: list[dict], cols: list[str]) -> str:
+    """A ``<table>`` of ``rows`` (dicts) in the order of ``cols``, every cell escaped (a dict or a
+    list as JSON); long values may wrap."""
+    e = html_escape
+    head = "".join(f"<th>{e(c)}</th>" for c in cols)
+
+    def td(v: Any) -> str:
+        text = _cell(v)
+        return f"<td class=\"w\">{e(text)}</td>" if len(text) > _WRAP_AFTER else f"<td>{e(text)}</td>"
+
+    body = "".join("<tr>" + "".join(td(r.get(c)) for c in cols) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def html_section(title: str, rows: list[dict], cols: list[str], empty: str = "none", level: int = 2) -> str:
+    """A heading ``title (N)`` and the table of ``rows``, folded past ``FOLD_AFTER`` rows; ``empty``
+    (a short note) when there are none."""
+    e = html_escape
+    body = (f"<details><summary>show all {len(rows)}</summary>{html_table(rows, cols)}</details>"
+            if len(rows) > FOLD_AFTER else html_table(rows, cols) if rows else f"<p>{e(empty)}</p>")
+    return f"<h{level}>{e(title)} ({len(rows)})</h{level}>" + body
 
 
 def render_access_html(report: dict) -> str:
     """A self-contained HTML page of an access report: inline style, no scripts, no external
     resources, every value escaped."""
-    e = lambda v: html.escape("" if v is None else str(v), quote=True)  # noqa: E731
-
-    def table(rows: list[dict], cols: list[str]) -> str:
-        head = "".join(f"<th>{e(c)}</th>" for c in cols)
-
-        def td(v: Any) -> str:
-            text = _cell(v)
-            return f"<td class=\"w\">{e(text)}</td>" if len(text) > _WRAP_AFTER else f"<td>{e(text)}</td>"
-
-        body = "".join("<tr>" + "".join(td(r.get(c)) for c in cols) + "</tr>" for r in rows)
-        return f"<table><tr>{head}</tr>{body}</table>"
-
-    def section(title: str, rows: list[dict], cols: list[str]) -> str:
-        return (f"<h2>{e(title)} ({len(rows)})</h2>" + (f"<details><summary>show all {len(rows)}</summary>"
-                f"{table(rows, cols)}</details>" if len(rows) > 20 else table(rows, cols) if rows else "<p>none</p>"))
+    e, table, section = html_escape, html_table, html_section
 
     c = report["counts"]
     parts = [
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
-        f"<title>Access report: subject {e(report['subject'])}</title><style>{_CSS}</style></head><body>",
+        f"<title>Access report: subject {e(report['subject'])}</title><style>{PAGE_CSS}</style></head><body>",
         f"<h1>Access report (GDPR Art. 15): subject <code>{e(report['subject'])}</code></h1>",
         f"<p>Output folder <code>{e(report['out'])}</code>, commit {e(report['commit'])} "
         f"({e(report['committed_at'])}). Every row below derives from a source whose lineage lists this subject"
@@ -858,13 +874,30 @@ def to_json(result: dict) -> str:
     return json.dumps(result, indent=2, sort_keys=True, default=str)
 
 
-def write_report(path: str | PathLike, text: str, out: str | PathLike) -> Path:
-    """Write an access report outside OUT (a copy inside would outlive an erasure of the subject)."""
+# why an access report stays outside OUT
+ACCESS_REPORT_WHY = "it lists the subject's ids and pseudonyms, which an erasure must be able to remove"
+
+
+def report_target(path: str | PathLike, out: str | PathLike, why: str = ACCESS_REPORT_WHY) -> Path:
+    """The absolute local path a report file is written to; ``ConfigError`` when it lies inside OUT
+    (after symlinks) or names object storage (``why``: the reason, for the message). No local
+    path is inside an s3:// OUT."""
+    from modalign.pipeline.objstore import Location
+
+    if str(path).startswith("s3://"):
+        raise ConfigError(f"--out {path}: a report is written to a local file; give a local path")
+    target = Path(path).absolute()
+    where = Location.parse(out if isinstance(out, str) else Path(out))
+    if not where.is_s3 and target.resolve().is_relative_to(where.path.resolve()):
+        raise ConfigError(f"--out {path} is inside the output folder {out}; write the report elsewhere ({why})")
+    return target
+
+
+def write_report(path: str | PathLike, text: str, out: str | PathLike, why: str = ACCESS_REPORT_WHY) -> Path:
+    """Write a report file outside OUT (``report_target``): an access report inside would outlive an
+    erasure of the subject, and OUT holds only what its commits list."""
     from modalign.schemas.files import atomic_write
 
-    target = Path(path).absolute()
-    if target.resolve().is_relative_to(Path(out).resolve()):
-        raise ConfigError(f"--out {path} is inside the output folder {out}; write the report elsewhere (it lists "
-                          "the subject's ids and pseudonyms, which an erasure must be able to remove)")
+    target = report_target(path, out, why)
     target.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write(target, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
