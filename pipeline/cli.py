@@ -25,6 +25,7 @@ EXAMPLES = {
     "run": "modalign run ./sample/manifest.yaml --out ./out",
     "watch": "modalign watch ./incoming --out ./out --interval 5 --settle 10 --max-in-flight 2  (or --once, from cron)",
     "inspect": "modalign inspect ./out",
+    "report": "modalign report ./out --out report.html",
     "deid-eval": "modalign deid-eval --quick",
     "search": "modalign search ./out --text 'vendor contracts' -k 3",
     "cache": "modalign cache stats ./out",
@@ -126,6 +127,18 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     info = collect(args.out)  # a folder, or s3://bucket/prefix (endpoint: $AWS_ENDPOINT_URL)
     print(json.dumps(info, indent=2, default=str) if args.json else render(info))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from modalign.pipeline.report import plots_in, write_run_report
+
+    # a folder, or s3://bucket/prefix (endpoint: $AWS_ENDPOINT_URL); FILE is refused inside OUT before any reading
+    path, page = write_run_report(args.out, args.report)
+    if args.json:
+        print(json.dumps({"report": str(path), "plots": plots_in(page), "bytes": len(page.encode("utf-8"))}))
+    else:
+        print(f"run report of {args.out}: {path}  ({plots_in(page)} plots, {len(page.encode('utf-8')) // 1024} KiB)")
     return 0
 
 
@@ -281,6 +294,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("inspect", "print a human summary of an output folder", cmd_inspect)
     sp.add_argument("out", help="output folder of `modalign run`")
+
+    sp = add("report", "write a self-contained HTML page of an output folder's latest commit (residuals, clocks "
+             "and drift, CTAL decisions, de-identification counts, quarantine, throughput, cache, monitors; "
+             "statistics only, plots inline)", cmd_report)
+    sp.add_argument("out", help="output folder of `modalign run` (or s3://bucket/prefix)")
+    sp.add_argument("--out", dest="report", metavar="FILE", default="report.html",
+                    help="the HTML file to write, outside OUT (default report.html in the current folder)")
 
     sp = add("search", "nearest records to an image, a text or a stored record (FAISS index of OUT)", cmd_search)
     sp.add_argument("out", help="output folder of `modalign run`")
