@@ -25,6 +25,7 @@ EXAMPLES = {
     "run": "modalign run ./sample/manifest.yaml --out ./out",
     "watch": "modalign watch ./incoming --out ./out --interval 5 --settle 10 --max-in-flight 2  (or --once, from cron)",
     "inspect": "modalign inspect ./out",
+    "export": "modalign export ./out --format webdataset --clip-s 2 --out ./shards --split 0.9,0.1 --seed 0",
     "report": "modalign report ./out --out report.html",
     "deid-eval": "modalign deid-eval --quick",
     "search": "modalign search ./out --text 'vendor contracts' -k 3",
@@ -127,6 +128,20 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     info = collect(args.out)  # a folder, or s3://bucket/prefix (endpoint: $AWS_ENDPOINT_URL)
     print(json.dumps(info, indent=2, default=str) if args.json else render(info))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from modalign import open as open_output
+    from modalign.pipeline.export import export
+
+    modalities = args.modalities.split(",") if args.modalities else None
+    features = True if args.features == "all" else (args.features.split(",") if args.features else None)
+    summary = export(open_output(args.out), args.format, args.dest, clip_s=args.clip_s, stride_s=args.stride_s,
+                     split=args.split, seed=args.seed, samples_per_shard=args.samples_per_shard,
+                     progress=None if args.json else print, modalities=modalities, features=features)
+    if args.json:
+        print(json.dumps(summary, indent=2))
     return 0
 
 
@@ -294,6 +309,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("inspect", "print a human summary of an output folder", cmd_inspect)
     sp.add_argument("out", help="output folder of `modalign run`")
+
+    sp = add("export", "write the aligned samples of an output folder as training shards (WebDataset tar or one "
+             "Parquet file per split), sessions split by a seeded hash so that none is in two splits", cmd_export)
+    sp.add_argument("out", help="output folder of `modalign run` (or s3://bucket/prefix)")
+    sp.add_argument("--format", required=True, choices=["webdataset", "parquet"])
+    sp.add_argument("--clip-s", type=float, required=True, metavar="S", help="seconds of session time per sample")
+    sp.add_argument("--stride-s", type=float, metavar="S", help="seconds between clip starts (default: --clip-s)")
+    sp.add_argument("--out", dest="dest", required=True, metavar="DIR", help="folder to write (outside OUT)")
+    sp.add_argument("--split", default=None, metavar="F,F", help="fractions of sessions per split, e.g. 0.9,0.1 "
+                    "(train,val; three: train,val,test); default: one split, train")
+    sp.add_argument("--seed", type=int, default=0, help="seed of the session split (default 0)")
+    sp.add_argument("--modalities", metavar="M,M", help="some of video,audio,pdf (default all)")
+    sp.add_argument("--features", metavar="M/G,..", help="embeddings to add: all, or MODALITY/GRANULARITY names "
+                    "(video/frame,pdf/roi); default none")
+    sp.add_argument("--samples-per-shard", type=int, default=1000, metavar="N", help="webdataset: samples per tar")
 
     sp = add("report", "write a self-contained HTML page of an output folder's latest commit (residuals, clocks "
              "and drift, CTAL decisions, de-identification counts, quarantine, throughput, cache, monitors; "

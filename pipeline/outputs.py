@@ -111,3 +111,41 @@ class Output:
         """The session ids of the run, sorted."""
         t = self.table("lineage_sources").to_table(columns=["session_id"])
         return sorted(set(t.column("session_id").to_pylist()))
+
+    # -- training datasets (pipeline.dataset, pipeline.readers) -----------------------------------
+
+    def aligned(self, unit: str = "tick", clip_s: float | None = None, stride_s: float | None = None,
+                modalities: Any = None, sessions: Any = None, time_range: Any = None, decode: bool = True,
+                features: Any = None, **options: Any) -> Any:
+        """Aligned training samples as an iterator of ``pyarrow.RecordBatch`` (``pipeline.dataset``).
+
+        ``unit``: ``"tick"`` (one sample per tick) or ``"clip"`` (``clip_s`` seconds every
+        ``stride_s``, default ``clip_s``); ``modalities``: some of video, audio, pdf; ``sessions``:
+        session ids (default all); ``time_range``: ``(start_ns, end_ns)`` on the session clock;
+        ``decode``: frames as uint8 HWC (else JPEG bytes); ``features``: True (every stream) or names
+        ``MODALITY/GRANULARITY`` (``video/frame``, ``pdf/roi``, ...). ``options``: ``sources``
+        (modality -> source id), ``batch_size``, ``chunk_s``, ``frame_size`` (H, W), ``decode_threads``.
+        Batches never span sessions; a session is read chunk by chunk (``chunk_s``, default 60 s)."""
+        from modalign.pipeline.dataset import AlignedSpec, context, iter_batches
+
+        spec = AlignedSpec.make(unit, clip_s, stride_s, modalities, sessions, time_range, decode, features, **options)
+        return iter_batches(context(self, spec))
+
+    def torch_dataset(self, rank: int | None = None, world_size: int | None = None, **aligned: Any) -> Any:
+        """The samples of ``aligned(**aligned)`` as a PyTorch ``IterableDataset``, sharded by session chunk
+        over DataLoader workers and ranks (default: ``torch.distributed``); ``pipeline.readers``."""
+        from modalign.pipeline.readers import torch_dataset
+
+        return torch_dataset(self, rank=rank, world_size=world_size, **aligned)
+
+    def ray_dataset(self, **aligned: Any) -> Any:
+        """The samples of ``aligned(**aligned)`` as a Ray Data ``Dataset`` (one task per session chunk)."""
+        from modalign.pipeline.readers import ray_dataset
+
+        return ray_dataset(self, **aligned)
+
+    def hf_dataset(self, cache_dir: str | None = None, **aligned: Any) -> Any:
+        """The samples of ``aligned(**aligned)`` as a Hugging Face ``datasets.Dataset`` (JPEG bytes by default)."""
+        from modalign.pipeline.readers import hf_dataset
+
+        return hf_dataset(self, cache_dir=cache_dir, **aligned)

@@ -1,0 +1,104 @@
+"""The pure parts of the training-dataset join (``pipeline.dataset``): spans on the tick grid, MFCC
+slots, work items, shards over workers and ranks, splits by session."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from modalign.pipeline.dataset import (Geometry, WorkItem, assign_splits, parse_split, plan_items, shard_items,
+                                       shard_of, split_of)
+from modalign.schemas.errors import ConfigError
+
+pytestmark = pytest.mark.unit
+MS = 1_000_000
+
+
+def test_tick_samples_are_one_tick_each():
+    g = Geometry.of("tick", None, None, 25.0)
+    assert (g.clip_ticks, g.stride_ticks, g.mfcc_frames, g.squeeze) == (1, 1, 4, True)
+    assert g.n_samples(300) == 300 and g.n_samples(0) == 0
+    starts, ends = g.spans(0, 3)
+    assert starts.tolist() == [0, 40 * MS, 80 * MS] and ends.tolist() == [40 * MS, 80 * MS, 120 * MS]
+
+
+def test_clips_cover_whole_ticks_with_a_stride():
+    g = Geometry.of("clip", 2.0, 0.5, 25.0)
+    assert (g.clip_ticks, g.stride_ticks, g.mfcc_frames, g.squeeze) == (50, 12, 200, False)  # 0.5 s = 12.5 -> 12 ticks
+    # 300 ticks: clips start at 0, 12, ..., the last whole one at 240 (240 + 50 = 290 <= 300; 252 + 50 > 300)
+    assert g.n_samples(300) == 21 and g.n_samples(49) == 0 and g.n_samples(50) == 1
+    starts, ends = g.spans(20, 21)
+    assert starts.tolist() == [240 * 40 * MS] and ends.tolist() == [290 * 40 * MS]
+    assert Geometry.of("clip", 2.0, None, 25.0).stride_ticks == 50  # stride defaults to the clip
+
+
+def test_rational_tick_rates_keep_exact_integer_times():
+    g = Geometry.of("clip", 1.0, None, 30.0)
+    starts, ends = g.spans(0, 3)
+    assert starts.tolist() == [0, 1_000_000_000, 2_000_000_000]  # 30 ticks of 33_333_333.3 ns, floored
+    assert (ends - starts).tolist() == [1_000_000_000] * 3
+    assert g.mfcc_frames == 100
+
+
+@pytest.mark.parametrize("args", [("clip", None, None), ("clip", 0.01, None), ("tick", 1.0, None), ("frame", 1.0, None)])
+def test_bad_geometry_is_a_config_error(args):
+    with pytest.raises(ConfigError):
+        Geometry.of(*args, tick_hz=25.0)
+
+
+def test_time_range_keeps_the_samples_inside_it():
+    g = Geometry.of("clip", 1.0, None, 25.0)  # 1 s clips
+    assert g.in_range(250, None) == (0, 10)
+    assert g.in_range(250, (1_000_000_000, 4_000_000_000)) == (1, 4)  # [1,2) [2,3) [3,4)
+    assert g.in_range(250, (1_500_000_000, 4_200_000_000)) == (2, 4)  # [1,2) starts too early, [4,5) ends too late
+    assert g.in_range(250, (None, 2_000_000_000)) == (0, 2)
+    assert g.in_range(250, (9_500_000_000, None)) == (10, 10)
+
+
+def test_mfcc_slots_take_the_frame_in_each_hop_and_mark_gaps():
+    g = Geometry.of("tick", None, None, 25.0)
+    # frames 3 ms after each 10 ms step, one missing (t=23 ms), and a skewed pair in one slot (41, 47 ms)
+    t = np.array([3, 13, 33, 41, 47, 53, 63, 73], dtype=np.int64) * MS
+    slots = g.mfcc_slots(np.array([0, 40 * MS], dtype=np.int64), t)
+    assert slots.tolist() == [[0, 1, -1, 2], [3, 5, 6, 7]]  # slot [40,50) keeps its first frame (41 ms)
+    assert g.mfcc_slots(np.array([100 * MS]), t).tolist() == [[-1, -1, -1, -1]]
+    assert g.mfcc_slots(np.array([0]), np.array([], dtype=np.int64)).tolist() == [[-1] * 4]
+
+
+def test_items_cut_sessions_and_shards_cover_them_exactly_once():
+    items = plan_items([("a", 0, 10), ("b", 3, 7), ("c", 0, 0)], 4)
+    assert items == [WorkItem("a", 0, 4), WorkItem("a", 4, 8), WorkItem("a", 8, 10), WorkItem("b", 3, 7)]
+    shards = [(rank, worker) for rank in range(2) for worker in range(2)]
+    got = Counter()
+    for rank, worker in shards:
+        idx, count = shard_of(rank, 2, worker, 2)
+        assert count == 4 and idx == rank * 2 + worker
+        for it in shard_items(items, idx, count):
+            got.update((it.session_id, k) for k in range(it.first, it.stop))
+    want = Counter([("a", k) for k in range(10)] + [("b", k) for k in range(3, 7)])
+    assert got == want  # every sample once: no duplicate, no gap
+    with pytest.raises(ConfigError):
+        shard_of(2, 2, 0, 1)
+
+
+def test_splits_depend_on_the_session_alone():
+    sessions = [f"s{i:03d}" for i in range(200)]
+    splits = assign_splits(sessions, [0.8, 0.2], seed=7)
+    assert set(splits) == {"train", "val"}
+    assert sorted(splits["train"] + splits["val"]) == sessions and not set(splits["train"]) & set(splits["val"])
+    assert 120 <= len(splits["train"]) <= 190  # about 80 %
+    more = assign_splits(sessions + ["new-1", "new-2"], [0.8, 0.2], seed=7)
+    assert all(s in more["train"] for s in splits["train"]) and all(s in more["val"] for s in splits["val"])
+    other = assign_splits(sessions, [0.8, 0.2], seed=8)
+    assert other != splits  # the seed changes the draw
+    assert split_of("x", [0.0, 1.0], 0) == 1 and split_of("x", [1.0, 0.0], 0) == 0
+    assert set(assign_splits(sessions, [0.8, 0.1, 0.1], 0)) == {"train", "val", "test"}
+
+
+@pytest.mark.parametrize("text", ["0.9,0.2", "-0.1,1.1", "", "a,b"])
+def test_bad_split_fractions(text):
+    with pytest.raises((ConfigError, ValueError)):
+        parse_split(text)
+    assert parse_split("0.9,0.1") == [0.9, 0.1]
