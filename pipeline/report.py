@@ -250,7 +250,7 @@ def plots_in(page: str) -> int:
 
 _EXTRA_CSS = ("figure{margin:.5em 0 1.2em}img.plot{max-width:100%;height:auto;border:1px solid #ddd}"
               "figcaption{font-size:13px;color:#555}nav a{margin-right:1em}p.note{color:#555;font-size:14px}"
-              "h3{margin-top:1.2em}")
+              "h3{margin-top:1.2em}.wide th{white-space:normal}")
 
 SECTIONS = (("residuals", "Alignment residuals"), ("clocks", "Clock offsets and drift"),
             ("ctal", "CTAL decisions"), ("deid", "De-identification"), ("quarantine", "Quarantine"),
@@ -541,9 +541,11 @@ def _quality_section(quality: dict | None) -> str:
     cols = quality["columns"]
     flags = [c for c in cols if "alarm" in c.lower() and all(isinstance(r.get(c), (bool, type(None)))
                                                              for r in quality["rows"])]
-    rows = [{c: _value(r.get(c)) for c in cols} for r in quality["rows"]]
+    heads = {c: c.replace("_", " ") for c in cols}  # headings that wrap: a table of many columns fits the window
+    rows = [{heads[c]: "all" if c == "session_id" and r.get(c) is None else _value(r.get(c)) for c in cols}
+            for r in quality["rows"]]
     alarmed = sum(any(r.get(c) for c in flags) for r in quality["rows"])
-    return (html_section(title, rows, cols, NONE, 3)
+    return (f"<div class=\"wide\">{html_section(title, rows, list(heads.values()), NONE, 3)}</div>"
             + (_note(f"{alarmed} of {len(rows)} rows with an alarm flag set ({', '.join(flags)}).") if flags else ""))
 
 

@@ -214,6 +214,8 @@ def test_the_quality_monitors_table_is_shown_as_committed(tmp_path):
     page = build_report(_out(tmp_path, quality=quality))
     q = _after(page, "Modality quality (monitor/quality)")
     assert "Modality quality (monitor/quality) (2)" in q
+    assert ("<th>modality</th><th>property</th><th>reference mean</th><th>current mean</th><th>shift</th>"
+            "<th>alarm</th><th>reference hist</th>") in q
     assert ("<td>video</td><td>brightness</td><td>121.5</td><td>64.12</td><td>0.91</td><td>True</td>"
             "<td>[0.1, 0.2, 0.7]</td>") in q
     assert "1 of 2 rows with an alarm flag set (alarm)." in page
