@@ -23,6 +23,7 @@ import pyarrow as pa
 from modalign.operators.ingest.base import SourceContext
 from modalign.operators.ingest.video import VideoRange
 from modalign.operators.modalities import DeidContext, ModalityPlan, plan_for
+from modalign.operators.quality.gate import DroppedRun, Failure, QualityGate
 from modalign.pipeline.discovery import ObjectPath
 from modalign.pipeline.items import (ClockItem, DoneItem, EmbedItem, FaultItem, Item, MetaItem, QuarantineItem,
                                      SourceItem, SourceJob)
@@ -59,6 +60,20 @@ def quarantine_row(job: SourceJob, version: str | None, exc: InputError | Compli
         session_id=job.session_id, source_id=job.spec.id, source_uri=job.uri, source_version=version,
         stage=exc.stage or f"ingest/{job.spec.modality}", reason_code=exc.code, message=exc.message,
         start_t_ns=getattr(exc, "start_t_ns", None), end_t_ns=getattr(exc, "end_t_ns", None))
+
+
+def quality_row(job: SourceJob, what: DroppedRun | Failure) -> QuarantineRow:
+    """The quarantine row of a run of records a ``drop`` expectation withheld, or of the record that
+    broke a ``fail`` expectation (``operators.quality.gate``): source, expectation, session times."""
+    if isinstance(what, Failure):
+        return QuarantineRow(
+            session_id=job.session_id, source_id=job.spec.id, source_uri=job.uri, source_version=job.version,
+            stage="quality", reason_code=QuarantineReason.QUALITY_FAILED, start_t_ns=what.t_ns, end_t_ns=what.t_ns,
+            message=what.message() + "; the source was stopped there and the run stops before its commit")
+    return QuarantineRow(
+        session_id=job.session_id, source_id=job.spec.id, source_uri=job.uri, source_version=job.version,
+        stage="quality", reason_code=QuarantineReason.QUALITY_EXPECTATION, start_t_ns=what.start_t_ns,
+        end_t_ns=what.end_t_ns, message=what.message())
 
 
 def source_lineage(job: SourceJob, policy: str, operators: str = "") -> LineageColumns:
@@ -164,16 +179,25 @@ class IngestWorker:
 
     def _batches(self, job: SourceJob, plan: ModalityPlan, ops: list[Any], ctx: SourceContext,
                  lineage: LineageColumns) -> Generator[Item, None, tuple[int, str, dict, dict[str, int]]]:
-        """Decode, de-identify, store and hand on every batch; returns (events, status, deid, counters)."""
+        """Decode, de-identify, gate, store and hand on every batch; returns (events, status, deid, counters).
+
+        The quality expectations (``quality.expectations``, ``operators.quality.gate``) see each batch's
+        own rows before they are written: ``drop`` withholds records (a ``quality_expectation`` row per
+        contiguous run), ``fail`` stops the source at its first breaking record (a ``quality_failed``
+        row, which makes the runner stop before its commit), ``warn`` is counted."""
         events, status = 0, "ingested"
         part = 0 if job.range is None else job.range.index * PARTS_PER_RANGE  # part names stay apart and in order
         deid: dict[tuple[str, str], dict] = {}
         counts: dict[str, int] = {}
         sampler: dict = {}
         columns = lineage.model_dump()
+        gate = QualityGate(self.config.quality.expectations, plan.name)
+        dropped = 0
+        failure = None
+        stream = self._deidentified(ops, ctx)
         try:
             t = time.perf_counter()
-            for decoded in self._deidentified(ops, ctx):
+            for decoded in stream:
                 # The embedding sampler sees a range's overlap too, so it stands where a whole decode would.
                 sampled = self._embed_mask(plan, decoded, sampler)
                 owned = self._owned(job, decoded)
@@ -182,6 +206,20 @@ class IngestWorker:
                     sampled = sampled[owned]
                 if clean.num_rows == 0:
                     continue
+                verdict = gate.check(clean)
+                for run in verdict.closed:
+                    yield QuarantineItem(quality_row(job, run))
+                if verdict.failure is not None:
+                    failure = verdict.failure
+                    break  # closes the stream: what the operators held back is withheld
+                if verdict.keep is not None:
+                    dropped += int(np.count_nonzero(~verdict.keep))
+                    clean = clean.filter(pa.array(verdict.keep))
+                    if sampled is not None:
+                        sampled = sampled[verdict.keep]
+                    if clean.num_rows == 0:
+                        t = time.perf_counter()
+                        continue
                 self._count(plan, clean, deid, counts)
                 stored = with_lineage(plan.to_events(clean, self.config), columns, plan.event_row.schema())
                 path = self.layout.events(plan.event_row, job.session_id, job.spec.id, attempt_of(job.run_id), part)
@@ -205,6 +243,15 @@ class IngestWorker:
             err = InputError(f"internal error ({type(exc).__name__}); see the worker log", source_uri=job.uri,
                              stage=f"ingest/{plan.name}", code=QuarantineReason.INTERNAL_ERROR)
             yield QuarantineItem(quarantine_row(job, job.version, err))
+        finally:
+            stream.close()
+        for run in gate.finish():  # runs still open at the end of the stream (or where it broke off)
+            yield QuarantineItem(quality_row(job, run))
+        if failure is not None:
+            yield QuarantineItem(quality_row(job, failure))
+        if failure is not None or dropped:
+            status = "partial" if events else "quarantined"
+        counts.update(gate.counts)
         return events, status, deid, counts
 
     @staticmethod

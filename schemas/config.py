@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from modalign.schemas.manifest import Modality
 from modalign.schemas.policy import DeidPolicy
+from modalign.schemas.tables import QUALITY_PROPERTIES
 
 DAY_S = 86_400
 MAX_SIDE_PX = 16_384
@@ -258,6 +259,105 @@ class MonitorConfig(_Strict):
                     "monitors' reference (`--reference OUT0`); None: the first windows of this output")
 
 
+class QualityExpectation(_Strict):
+    """One declarative expectation on a modality property of every record, in the spirit of Great
+    Expectations' ``expect_column_values_to_be_between``: a value below ``min`` or above ``max`` (either
+    may be left out) breaks it, and ``action`` says what happens then (``pipeline.worker``):
+    ``warn`` counts it; ``drop`` withholds the record (one ``quality_expectation`` quarantine row per
+    contiguous run of dropped records); ``fail`` stops the run before its commit. A record without a
+    value (the OCR confidence of a text-layer block) never breaks one. The properties and their
+    physical ranges: ``schemas.tables.QUALITY_PROPERTIES``."""
+
+    modality: Modality
+    property: str = Field(pattern=r"^[a-z][a-z_]*$", description="e.g. brightness_mean, clipping_ratio, ocr_confidence")
+    min: float | None = Field(None, ge=-1e9, le=1e9, description="lowest allowed value (None: no lower bound)")
+    max: float | None = Field(None, ge=-1e9, le=1e9, description="highest allowed value (None: no upper bound)")
+    action: Literal["warn", "drop", "fail"] = "warn"
+
+    @model_validator(mode="after")
+    def _known_and_bounded(self) -> "QualityExpectation":
+        props = QUALITY_PROPERTIES[self.modality]
+        if self.property not in props:
+            raise ValueError(f"{self.modality} has no quality property {self.property!r}; known: {', '.join(props)}")
+        if self.min is None and self.max is None:
+            raise ValueError("give min, max or both")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        p = props[self.property]
+        for name, v in (("min", self.min), ("max", self.max)):
+            if v is not None and not p.low <= v <= p.high:
+                raise ValueError(f"{name} {v} is outside the physical range of {self.modality} {self.property}, "
+                                 f"[{p.low:g}, {p.high:g}]")
+        return self
+
+    def describe(self) -> str:
+        """``video brightness_mean in [16, 240]`` (how messages and summaries name it)."""
+        lo = "-inf" if self.min is None else f"{self.min:g}"
+        hi = "inf" if self.max is None else f"{self.max:g}"
+        return f"{self.modality} {self.property} in [{lo}, {hi}]"
+
+
+DEFAULT_EXPECTATIONS = (
+    QualityExpectation(modality="video", property="brightness_mean", min=16, max=240, action="warn"),
+    QualityExpectation(modality="audio", property="clipping_ratio", max=0.01, action="warn"),
+    QualityExpectation(modality="pdf", property="ocr_confidence", min=40, action="warn"),
+)
+"""Warn on frames darker or brighter than video's nominal luma range (16-235/240), audio windows with
+more than 1 % clipped samples, and OCR blocks tesseract read with a mean confidence under 40."""
+
+# sigma floors of the shift check, in the property's unit: a stationary reference (a fixed camera) has a
+# tiny standard deviation, against which any other session would look shifted
+DEFAULT_MIN_SIGMA = {
+    "video.brightness_mean": 8.0, "video.contrast": 4.0, "video.sharpness": 0.0, "video.channels": 0.5,
+    "video.width": 1.0, "video.height": 1.0,
+    "audio.loudness_dbfs": 3.0, "audio.clipping_ratio": 0.005, "audio.snr_db": 3.0,
+    "pdf.ocr_confidence": 5.0,
+}
+
+
+class QualityShiftConfig(_Strict):
+    """The distribution-shift check of every commit against ``--reference OUT0``
+    (``operators.quality.shift``, ``runbooks/quality-shift.md``): per (modality, property), the committed
+    values of each session (and of all sessions together) against all of OUT0's. An alarm needs both a
+    PSI of at least ``psi_threshold`` and a mean shift of at least ``shift_sigmas`` reference standard
+    deviations (floored at ``min_sigma`` and at ``min_sigma_fraction`` of the reference mean)."""
+
+    enabled: bool = Field(True, description="write monitor/quality at every commit")
+    bins: int = Field(10, ge=2, le=100, description="reference-quantile bins of the PSI")
+    psi_threshold: float = Field(0.25, gt=0, le=100, description="PSI at which the distributions differ "
+                                                                 "(0.1-0.25: moderate, above: significant)")
+    shift_sigmas: float = Field(3.0, ge=0, le=1000, description="... and the mean moved this many (floored) "
+                                                                "reference standard deviations")
+    min_events: int = Field(50, ge=1, le=10**9, description="values both sides need before an alarm")
+    min_sigma: dict[str, Annotated[float, Field(ge=0, le=1e9)]] = Field(
+        default_factory=lambda: dict(DEFAULT_MIN_SIGMA),
+        description="'modality.property' -> sigma floor in the property's unit; entries given replace the "
+                    "defaults' of the same key only")
+    min_sigma_fraction: float = Field(0.05, ge=0, le=100, description="sigma floor relative to |reference mean|")
+
+    @field_validator("min_sigma", mode="before")
+    @classmethod
+    def _over_defaults(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        for key in v:
+            modality, _, prop = str(key).partition(".")
+            if prop not in QUALITY_PROPERTIES.get(modality, {}):
+                raise ValueError(f"no quality property {key!r}; known: "
+                                 + ", ".join(f"{m}.{p}" for m, ps in QUALITY_PROPERTIES.items() for p in ps))
+        return {**DEFAULT_MIN_SIGMA, **v}
+
+
+class QualityConfig(_Strict):
+    """Modality quality gates: expectations on every record's properties, applied in the ingest worker
+    before events are written, and the shift check against a reference run at every commit."""
+
+    expectations: list[QualityExpectation] = Field(
+        default_factory=lambda: list(DEFAULT_EXPECTATIONS), max_length=256,
+        description="applied in order; [] turns the gates off (the properties are still recorded)")
+    shift: QualityShiftConfig = QualityShiftConfig()
+
+
 class RunConfig(_Strict):
     """Everything ``modalign run`` needs besides INPUT and --out."""
 
@@ -269,6 +369,7 @@ class RunConfig(_Strict):
     openlineage: LineageEventsConfig = LineageEventsConfig()
     storage: StorageConfig = StorageConfig()
     monitor: MonitorConfig = MonitorConfig()
+    quality: QualityConfig = QualityConfig()
     key_store: Path | None = Field(
         None, description="pseudonym key vault; default ~/.modalign/keys (never inside the output folder)"
     )

@@ -12,6 +12,8 @@ retry can help (``retryable``)::
     │   ├── LimitExceededError       over a configured limit (pixels, pages, duration, size)
     │   └── InputTimeoutError        one unit (page render, OCR, decode) ran out of time
     ├── ComplianceError          de-identification could not be guaranteed: withhold, never write raw
+    ├── QualityGateError         a record broke a ``fail`` quality expectation: bad input, the run stops
+    │                            before its commit (nothing of it is committed)
     ├── DependencyMissingError   a Python or Debian package is absent: says what to install
     ├── EnvironmentFaultError    the machine failed, not the input (read-only or full OUT, a dead
     │                            aligner): stop the run with one message, never quarantine inputs
@@ -75,6 +77,9 @@ class QuarantineReason(StrEnum):
     SOURCE_CONFLICT = "source_conflict"
     INPUT_INVALID = "input_invalid"
     DEID_FAILED = "deid_failed"              # de-identification could not be guaranteed: withheld
+    # quality gates (``QualityConfig.expectations``; runbooks/quality-shift.md)
+    QUALITY_EXPECTATION = "quality_expectation"  # records a ``drop`` expectation removed: one row per contiguous run
+    QUALITY_FAILED = "quality_failed"        # a ``fail`` expectation was broken: the run stopped, never committed
     # not the input's fault, recorded so the source's missing rows are explained
     INTERNAL_ERROR = "internal_error"        # an operator bug; see the worker log
     WORKER_FAILED = "worker_failed"          # the ingest actor died while processing this source
@@ -155,6 +160,16 @@ class ComplianceError(ModalignError):
     """De-identification could not be guaranteed; the data is withheld, never written raw."""
 
     code = "deid_failed"
+
+
+class QualityGateError(ModalignError):
+    """A record broke a quality expectation whose action is ``fail`` (``schemas.config.QualityConfig``).
+
+    The input is bad for what the output is used for (a dark or single-channel camera feeding an RGB
+    model): the run stops before its commit, nothing of it is committed (exit 1). The message names
+    the source, the property, the value, the time and the expectation."""
+
+    code = "quality_failed"
 
 
 class DependencyMissingError(ModalignError):

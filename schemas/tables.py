@@ -8,6 +8,7 @@ session clock. Every output row carries the lineage columns of ``LineageColumns`
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
 import pyarrow as pa
@@ -83,6 +84,79 @@ class Word(BaseModel):
     entity: str | None = None
 
 
+# -- modality quality properties (per record; ``operators.quality`` computes them) ---------------
+# Scalar statistics of the signal as decoded, measured before de-identification: they describe
+# the camera, microphone or scan, and none of them can hold personal data. Each field's ge/le is
+# its physical range, which bounds the expectations of ``schemas.config.QualityConfig``.
+
+class VideoQuality(BaseModel):
+    """Properties of one decoded video frame (before de-identification); the resolution is the
+    row's ``width``/``height``."""
+
+    brightness_mean: F32 = Field(ge=0, le=255, description="mean BT.601 luma of the frame, 0-255")
+    contrast: F32 = Field(ge=0, le=127.5, description="standard deviation of the luma, 0-255 scale")
+    sharpness: F32 = Field(ge=0, le=1_040_400, description="variance of the 4-neighbour Laplacian of the luma, "
+                                                           "downscaled to a longer side of at most 320 px")
+    channels: I32 = Field(ge=1, le=8, description="channels of the decoded pixel format: 1 gray, 3 YUV/RGB, "
+                                                  "4 with alpha; a palette is 3")
+    pixel_format: str = Field(description="FFmpeg name of the decoded pixel format, e.g. yuv420p, gray")
+
+
+class AudioQuality(BaseModel):
+    """Properties of one MFCC frame's window (25 ms) of the 16 kHz mono signal, before voice
+    anonymisation; the waveform itself is never stored."""
+
+    loudness_dbfs: F32 = Field(ge=-120, le=10, description="RMS level of the window in dB relative to full "
+                                                         "scale 1.0 (a full-scale square wave: 0; a full-scale "
+                                                         "sine: -3.01; digital silence: -120)")
+    clipping_ratio: F32 = Field(ge=0, le=1, description="fraction of the window's samples at or within 1 LSB "
+                                                        "(16-bit) of full scale")
+    snr_db: F32 = Field(ge=-130, le=130, description="speech-to-noise estimate: loudness over the source's "
+                                                     "running noise floor (10th percentile of the last 10 s of "
+                                                     "frame levels, this frame included)")
+
+
+class TextQuality(BaseModel):
+    """Properties of one text block."""
+
+    ocr_confidence: F32 | None = Field(None, ge=0, le=100, description="mean tesseract confidence of the "
+                                                                       "block's words, 0-100 (None: text layer)")
+
+
+@dataclass(frozen=True)
+class QualityProperty:
+    """One numeric property of a modality's event rows that expectations and the shift check read."""
+
+    modality: str
+    name: str
+    column: tuple[str, ...]  # ("quality", name) or a top-level column of the event row
+    low: float  # physical range
+    high: float
+    description: str
+
+
+def _quality_properties() -> dict[str, dict[str, QualityProperty]]:
+    import annotated_types as at
+
+    out: dict[str, dict[str, QualityProperty]] = {}
+    for modality, model in (("video", VideoQuality), ("audio", AudioQuality), ("pdf", TextQuality)):
+        props = out.setdefault(modality, {})
+        for name, info in model.model_fields.items():
+            lo = next((m.ge for m in info.metadata if isinstance(m, at.Ge)), None)
+            hi = next((m.le for m in info.metadata if isinstance(m, at.Le)), None)
+            if lo is not None and hi is not None:  # the numeric ones (pixel_format is a name)
+                props[name] = QualityProperty(modality, name, ("quality", name), float(lo), float(hi),
+                                              info.description or "")
+    for side in ("width", "height"):  # the resolution is the frame row's own
+        out["video"][side] = QualityProperty("video", side, (side,), 1.0, 16_384.0, f"frame {side} as displayed, px")
+    return out
+
+
+QUALITY_PROPERTIES: dict[str, dict[str, QualityProperty]] = _quality_properties()
+"""modality -> property name -> where it is and its physical range: every property an expectation
+or the shift check may name."""
+
+
 class VideoFrameRow(LineageColumns):
     """A de-identified video frame (events/video)."""
 
@@ -100,6 +174,8 @@ class VideoFrameRow(LineageColumns):
     deid: DeidHeader
     text_boxes: list[Box] | None = Field(None, description="regions of personal data shown as text, blurred")
     text_deid: DeidHeader | None = Field(None, description="what frame-text de-identification did")
+    quality: VideoQuality | None = Field(None, description="properties of the decoded frame, measured before "
+                                                           "de-identification (None: not measured)")
 
 
 class MfccRow(LineageColumns):
@@ -113,6 +189,8 @@ class MfccRow(LineageColumns):
     mfcc: F32List
     voiced: bool | None = Field(None, description="voice-activity flag of the frame (None: not computed)")
     deid: DeidHeader
+    quality: AudioQuality | None = Field(None, description="properties of the frame's window of the signal, "
+                                                           "before voice anonymisation (None: not measured)")
 
 
 class TextBlockRow(LineageColumns):
@@ -135,6 +213,8 @@ class TextBlockRow(LineageColumns):
         description="personal-data items detected in this block, one entry per kind found, sorted by kind"
     )
     deid: DeidHeader
+    quality: TextQuality | None = Field(None, description="properties of the block's extraction "
+                                                          "(None: not measured)")
 
 
 class RecordRow(LineageColumns):
@@ -284,23 +364,55 @@ class EmbeddingWindowRow(_Row):
     norm_alarm: bool = False
 
 
+class QualityShiftRow(_Row):
+    """One modality property's distribution in the committed events against the reference output's
+    (monitor/quality; ``operators.quality.shift``; runbooks/quality-shift.md): per session, and over
+    every committed session when there are several. Statistics only."""
+
+    TABLE: ClassVar[str] = "monitor_quality"
+    PATH: ClassVar[str] = "monitor/quality"
+    modality: str
+    property: str
+    session_id: str | None = Field(description="None: every committed session of the modality together")
+    current_n: int = Field(description="records with a value")
+    current_mean: float | None
+    current_std: float | None
+    current_p05: float | None
+    current_p50: float | None
+    current_p95: float | None
+    reference: str | None = Field(description="the reference output (--reference OUT0); None: none, no alarm")
+    reference_n: int | None
+    reference_mean: float | None
+    reference_std: float | None
+    psi: float | None = Field(None, description="population stability index over the reference's quantile bins")
+    shift_sigmas: float | None = Field(None, description="(current mean - reference mean) / max(reference std, "
+                                                         "the property's sigma floor)")
+    alarm: bool = False
+
+
 class MonitorAlarmRow(_Row):
-    """A monitor's alarm (monitor/alarms): kind embedding_drift or norm_jump; runbooks/embedding-drift.md."""
+    """A monitor's alarm (monitor/alarms): kind embedding_drift or norm_jump (runbooks/embedding-drift.md),
+    or quality_shift (runbooks/quality-shift.md)."""
 
     TABLE: ClassVar[str] = "monitor_alarms"
     PATH: ClassVar[str] = "monitor/alarms"
     kind: str
-    model_id: str
-    granularity: str
-    session_id: str
-    window_index: I32
-    start_t_ns: int
-    end_t_ns: int
-    value: float = Field(description="the divergence (embedding_drift) or the window's mean norm (norm_jump)")
-    threshold: float = Field(description="the divergence threshold, or the reference's mean norm")
+    model_id: str | None = Field(description="the embedding model (None: a quality alarm)")
+    granularity: str | None
+    session_id: str | None = Field(description="None: a quality alarm over every committed session")
+    window_index: I32 | None = Field(description="the embedding window (None: a quality alarm)")
+    start_t_ns: int | None
+    end_t_ns: int | None
+    value: float = Field(description="the divergence (embedding_drift), the window's mean norm (norm_jump) "
+                                     "or the PSI (quality_shift)")
+    threshold: float = Field(description="the divergence threshold, the reference's mean norm, or the PSI "
+                                         "threshold")
+    modality: str | None = Field(None, description="quality_shift: the modality")
+    property: str | None = Field(None, description="quality_shift: the property")
 
 
 ALL_TABLES: tuple[type[_Row], ...] = (
     VideoFrameRow, MfccRow, TextBlockRow, RecordRow, CtalRow, CtalSummaryRow,
     DriftAlarmRow, FeatureRow, QuarantineRow, SourceLineageRow, EmbeddingWindowRow, MonitorAlarmRow,
+    QualityShiftRow,
 )

@@ -20,6 +20,10 @@ make chunked output depend on chunk boundaries.
 same frame grid (``modalign.operators.ingest.vad``: log-energy over an adaptive noise floor, with
 hangover); it is computed from the waveform here, so nothing downstream needs it.
 
+``quality`` (``schemas.tables.AudioQuality``: loudness, clipping ratio, speech-to-noise estimate) of
+each frame's window is measured on the decoded signal before the voice policy's transform
+(``modalign.operators.quality.audio``), chunk-independent like the MFCCs; only the scalars leave.
+
 Long files stay sample-accurate: frame k's time is ``start + k*hop/rate`` in exact integer
 arithmetic (no accumulated float), and a WAV header that declares more data than the file
 holds is reported as ``truncated`` after the audio that is there.
@@ -38,8 +42,11 @@ from modalign.operators.align.clock import samples_to_ns
 from modalign.operators.ingest._av import check_truncated, declared_span_ns, open_container, partial_error, wav_declared_ns
 from modalign.operators.ingest.base import SourceContext, SourceOperator, event_id
 from modalign.operators.ingest.vad import EnergyVad, frame_energy_db
+from modalign.operators.quality.audio import AudioQualityMeter
+from modalign.schemas.arrow import arrow_type
 from modalign.schemas.errors import LimitExceededError, UnreadableInputError, UnsupportedInputError
 from modalign.schemas.config import AudioIngestConfig
+from modalign.schemas.tables import AudioQuality
 from modalign.schemas.units import NS_PER_S
 
 GAP_TOLERANCE_NS = 5_000_000  # PTS jumps above this are filled with silence
@@ -57,6 +64,9 @@ def audio_mfcc_schema(n_mfcc: int = 40) -> pa.Schema:
         pa.field("mfcc", pa.list_(pa.float32(), n_mfcc), nullable=False, metadata={"doc": "log-mel cepstrum"}),
         pa.field("voiced", pa.bool_(), nullable=True,
                  metadata={"doc": "energy voice-activity flag (modalign.operators.ingest.vad); null when vad is off"}),
+        pa.field("quality", arrow_type(AudioQuality), nullable=False,
+                 metadata={"doc": "properties of the frame's window, before voice anonymisation "
+                                  "(operators.quality.audio)"}),
     ], metadata={"table": "audio_mfcc", "doc": "MFCC frames, 10 ms hop; the waveform is never stored"})
 
 
@@ -142,7 +152,7 @@ class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
     """Decodes an audio source (or a video's first audio stream) into MFCC frame tables."""
 
     kind = "audio_mfcc"
-    version = "0.2.0"
+    version = "0.3.0"  # 0.3.0: the quality column
     modality = "audio"
     config_model = AudioMfccConfig
 
@@ -209,6 +219,7 @@ class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
                 header_end += start
             pcm = PcmStream(container, stream, cfg.sample_rate_hz)
             vad = self._vad() if cfg.vad else None
+            meter = AudioQualityMeter(win, hop)  # on the signal as decoded, before the voice transform
             chunk = max(int(cfg.chunk_s * cfg.sample_rate_hz), win)
             max_samples = int(cfg.max_duration_s * cfg.sample_rate_hz)
             pending: list[np.ndarray] = []
@@ -235,11 +246,12 @@ class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
                 feats = self.mfcc(x)
                 n = feats.shape[0]
                 voiced = None if vad is None else vad(frame_energy_db(x, n, win, hop))
+                quality = meter.measure(raw, n)  # frame k's window is raw[k*hop:k*hop+win], as x's
                 if margin:
                     left = np.concatenate([left, raw[max(0, n * hop - margin):n * hop]])[-margin:].copy()
                 rest = raw[n * hop:].copy()  # < one window (+ margin), untransformed; lets the chunk go
                 pending, held = ([rest] if rest.size else []), rest.size
-                yield self._table(ctx, pcm.start_ns, first_frame, feats, voiced)
+                yield self._table(ctx, pcm.start_ns, first_frame, feats, voiced, quality)
                 first_frame += n
 
             def last_t() -> int | None:
@@ -276,7 +288,7 @@ class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
                          min_dbfs=cfg.vad_min_dbfs, hangover_frames=round(cfg.vad_hangover_ms / 1000 / hop_s))
 
     def _table(self, ctx: SourceContext, start_ns: int, first: int, feats: np.ndarray,
-               voiced: np.ndarray | None = None) -> pa.Table:
+               voiced: np.ndarray | None, quality: tuple[np.ndarray, np.ndarray, np.ndarray]) -> pa.Table:
         n, rate = feats.shape[0], self.config.sample_rate_hz
         idx = np.arange(first, first + n, dtype=np.int64)
         local = start_ns + (idx * self.hop * 2 * NS_PER_S + rate) // (2 * rate)  # samples_to_ns, vectorised
@@ -287,6 +299,8 @@ class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
             "frame_index": idx,
             "mfcc": pa.FixedSizeListArray.from_arrays(pa.array(feats.reshape(-1)), self.config.n_mfcc),
             "voiced": pa.nulls(n, pa.bool_()) if voiced is None else pa.array(voiced, pa.bool_()),
+            "quality": pa.StructArray.from_arrays([pa.array(q, pa.float32()) for q in quality],
+                                                  fields=list(arrow_type(AudioQuality))),
         }, schema=audio_mfcc_schema(self.config.n_mfcc))
 
 

@@ -32,6 +32,9 @@ Timing (sample-and-hold): page i is shown from ``t_ns`` until the next page's ``
 schedule page i starts at ``i * page_duration_ns``; pages past the end of a short schedule
 follow the last scheduled page every ``page_duration_ns`` (``timing="sequential"``).
 
+Quality: each block's ``quality.ocr_confidence`` is the mean tesseract confidence of its words
+(``modalign.operators.quality.text``; None for a text-layer block), taken before pseudonymisation.
+
 Reason codes. Whole document (nothing yielded): ``file_missing``, ``not_pdf``,
 ``pdf_encrypted``, ``pdf_corrupt``, ``pdf_empty``, ``pages_exceeded``, ``info_timeout``.
 Per page (the good pages are yielded, then one ``InputError`` lists the failed page
@@ -58,6 +61,7 @@ import pyarrow as pa
 
 from modalign.operators.dependencies import POPPLER_TOOLS, binary, require_tesseract_langs
 from modalign.operators.ingest.base import SourceContext, SourceOperator, event_id
+from modalign.operators.quality.text import ocr_confidence
 from modalign.operators.sandbox import out_of_memory, run_limited
 from modalign.schemas.errors import InputError, InputTimeoutError, LimitExceededError, UnreadableInputError
 from modalign.schemas.config import PdfIngestConfig
@@ -121,7 +125,7 @@ class PdfTextOperator(SourceOperator[PdfTextConfig]):
     """Text blocks of a PDF, page by page: text layer where present, else OCR."""
 
     kind = "pdf_text"
-    version = "0.2.0"
+    version = "0.3.0"  # 0.3.0: the quality column
     modality = "pdf"
     config_model = PdfTextConfig
 
@@ -391,7 +395,7 @@ class PdfTextOperator(SourceOperator[PdfTextConfig]):
                 "t_ns": time.t_ns, "end_t_ns": time.end_t_ns, "page_index": page, "block_index": b,
                 "text": "\n".join(" ".join(w["text"] for w in line) for line in block.lines),
                 "words": words, "box": box, "extraction": extraction, "dpi": self.config.dpi,
-                "timing": time.timing,
+                "timing": time.timing, "quality": {"ocr_confidence": ocr_confidence(words, extraction)},
             })
         return pa.Table.from_pylist(rows, schema=pdf_text_schema())
 

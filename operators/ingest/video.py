@@ -31,6 +31,11 @@ packet index, as a decode from the start would count them. The cut points depend
 file and the config only, never on how many workers there are: any number of workers gives
 the same output.
 
+Quality: each frame's ``quality`` (``schemas.tables.VideoQuality``: brightness, contrast, sharpness,
+the decoded pixel format's channels) is measured here, on the decoded frame before any
+de-identification (``modalign.operators.quality.video``): the properties of the camera signal, as
+scalars.
+
 Tables hold raw pixels: they must not leave the ingest process before ``modalign.operators.deid``.
 """
 
@@ -49,8 +54,11 @@ from modalign.operators.dependencies import require
 from modalign.operators.ingest._av import (TRUNCATION_TOLERANCE_NS, check_truncated, declared_span_ns,  # noqa: F401
                                   open_container, partial_error)  # re-exported: the shared helpers' old home
 from modalign.operators.ingest.base import SourceContext, SourceOperator, event_id
+from modalign.operators.quality.video import frame_quality, pixel_channels
+from modalign.schemas.arrow import arrow_type
 from modalign.schemas.errors import LimitExceededError, UnreadableInputError, UnsupportedInputError
 from modalign.schemas.config import VideoIngestConfig
+from modalign.schemas.tables import VideoQuality
 from modalign.schemas.units import NS_PER_S
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -84,6 +92,8 @@ def video_frames_schema(height: int = 0, width: int = 0) -> pa.Schema:
         pa.field("width", pa.int32(), nullable=False, metadata={"doc": "as displayed: after rotation and resize"}),
         pa.field("height", pa.int32(), nullable=False),
         pa.field("frame", frame_type(height, width), nullable=False, metadata={"doc": "RGB uint8 [H, W, 3]"}),
+        pa.field("quality", arrow_type(VideoQuality), nullable=False,
+                 metadata={"doc": "properties of the decoded frame (operators.quality.video)"}),
     ], metadata={"table": "video_frames", "doc": "decoded video frames (raw pixels, pre-deid)"})
 
 
@@ -129,17 +139,22 @@ class _Batch:
         self.ctx, self.max_frames, self.max_bytes = ctx, max_frames, max_bytes
         self.capacity = max_frames
         self.buf: np.ndarray | None = None
-        self.rows: dict[str, list] = {k: [] for k in ("pts", "tb", "t", "idx")}
+        self.rows: dict[str, list] = {k: [] for k in ("pts", "tb", "t", "idx", "quality")}
         self.n = 0
 
     def fits(self, shape: tuple[int, ...]) -> bool:
         return self.buf is None or self.buf.shape[1:] == shape
 
-    def add(self, rgb: np.ndarray, pts: int, tb: Fraction, t: int, idx: int) -> None:
+    def add(self, rgb: np.ndarray, pts: int, tb: Fraction, t: int, idx: int, fmt: Any = None) -> None:
+        """One decoded frame; ``fmt``: its PyAV ``VideoFormat`` as decoded (its channels are recorded)."""
         if self.buf is None:
             self.capacity = max(1, min(self.max_frames, self.max_bytes // rgb.nbytes))
             self.buf = np.empty((self.capacity, *rgb.shape), dtype=np.uint8)
         self.buf[self.n] = rgb  # the one copy: decoder (or rotated view) -> batch tensor
+        brightness, contrast, sharp = frame_quality(self.buf[self.n])  # before any de-identification
+        self.rows["quality"].append({"brightness_mean": brightness, "contrast": contrast, "sharpness": sharp,
+                                     "channels": 3 if fmt is None else pixel_channels(fmt),
+                                     "pixel_format": "rgb24" if fmt is None else str(fmt.name)})
         self.n += 1
         self.rows["pts"].append(pts)
         self.rows["tb"].append(f"{tb.numerator}/{tb.denominator}")
@@ -161,6 +176,7 @@ class _Batch:
             "width": pa.array([ww] * n, pa.int32()),
             "height": pa.array([hh] * n, pa.int32()),
             "frame": pa.FixedShapeTensorArray.from_numpy_ndarray(self.buf[:n], dim_names=FRAME_DIMS),
+            "quality": pa.array(self.rows["quality"], arrow_type(VideoQuality)),
         }, schema=video_frames_schema(hh, ww))
         for v in self.rows.values():
             v.clear()
@@ -270,7 +286,7 @@ class VideoFramesOperator(SourceOperator[VideoFramesConfig]):
     """Decodes a video source with PyAV into upright RGB frame tables, PTS-timed."""
 
     kind = "video_frames"
-    version = "0.2.0"
+    version = "0.3.0"  # 0.3.0: the quality column
     modality = "video"
     config_model = VideoFramesConfig
 
@@ -428,7 +444,7 @@ class VideoFramesOperator(SourceOperator[VideoFramesConfig]):
                 rgb = np.rot90(rgb, turns)  # a view; the batch copy makes it contiguous
             if not batch.fits(rgb.shape):
                 yield batch.flush()
-            batch.add(rgb, frame.pts, tb, t, index)
+            batch.add(rgb, frame.pts, tb, t, index, frame.format)
             if batch.full():
                 yield batch.flush()
         if batch.n:
