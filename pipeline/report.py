@@ -93,7 +93,7 @@ def collect(out: str | PathLike, storage: Any = None) -> dict:
                     for r in lineage for h in (r["deid"] or [])]
 
     # drift over session time, for the sessions a reviewer looks at first
-    info["drift"] = _drift_series(con, info, int(round(1e9 / tick_hz))) if have["records"] else []
+    info["drift"] = _drift_series(con, output, info, int(round(1e9 / tick_hz))) if have["records"] else []
 
     # CTAL decisions over session time (records give the ticks; ctal the non-clean decisions)
     info["ctal"] = _ctal(con, have, tick_hz)
@@ -124,11 +124,16 @@ def _rows(con: Any, sql: str, params: list | None = None) -> list[dict]:
     return [dict(zip(names, row)) for row in rel.fetchall()]
 
 
-def _drift_series(con: Any, info: dict, tick_ns: int) -> list[dict]:
+def _drift_series(con: Any, output: Output, info: dict, tick_ns: int) -> list[dict]:
     """Per plotted session: each source's residual (ms) over session time (s), binned to at most
-    ``MAX_POINTS`` points (bins of whole ticks; the residual of largest magnitude in a bin), and the max pairwise residual
-    across sources per tick (what the drift alarm measures). Sessions with drift alarms come first,
-    then those with the largest residuals."""
+    ``MAX_POINTS`` points (bins of whole ticks; the residual of largest magnitude in a bin), and the
+    max pairwise residual across sources per tick (what the drift alarm measures). Sessions with drift alarms come first,
+    then those with the largest residuals. Each session's queries read its own records files only
+    (the commit lists them per session), not every session's."""
+    import pyarrow.dataset as ds
+
+    from modalign.pipeline.layout import TABLES
+
     alarmed = {a["session_id"] for a in info["alarms"]}
     worst: dict[str, float] = {}
     for r in info["residuals"]:
@@ -137,14 +142,20 @@ def _drift_series(con: Any, info: dict, tick_ns: int) -> list[dict]:
     sessions = sorted({r["session_id"] for r in info["residuals"]},
                       key=lambda s: (s not in alarmed, -worst.get(s, 0.0), s))
     out = []
+    prefix = TABLES["records"].PATH + "/"
     for sid in sessions[:MAX_SESSIONS_PLOTTED]:
-        lo, hi = _rows(con, "SELECT min(t_ns) AS lo, max(t_ns) AS hi FROM records WHERE session_id = ?", [sid])[0].values()
+        files = [str(output.root / f) for f in sorted(output.snapshot.sessions.get(sid, {}).get("files", ()))
+                 if f.startswith(prefix) and f.endswith(".parquet")]
+        con.register("session_records", ds.dataset(files, schema=TABLES["records"].schema(), format="parquet",
+                                                   filesystem=output.filesystem))
+        lo, hi = _rows(con, "SELECT min(t_ns) AS lo, max(t_ns) AS hi FROM session_records WHERE session_id = ?",
+                       [sid])[0].values()
         bin_ns = tick_ns * max(1, math.ceil(((hi or 0) - (lo or 0) + 1) / MAX_POINTS / tick_ns))
         points = _rows(con, "SELECT source_id, (t_ns // ?) * ? AS t, arg_max(residual_ns, abs(residual_ns)) AS r "
-                            "FROM records WHERE session_id = ? AND residual_ns IS NOT NULL GROUP BY ALL ORDER BY 1, 2",
-                       [bin_ns, bin_ns, sid])
+                            "FROM session_records WHERE session_id = ? AND residual_ns IS NOT NULL GROUP BY ALL "
+                            "ORDER BY 1, 2", [bin_ns, bin_ns, sid])
         pairwise = _rows(con, "SELECT (t // ?) * ? AS t, max(p) AS p FROM (SELECT tick_index, any_value(t_ns) AS t, "
-                              "max(residual_ns) - min(residual_ns) AS p FROM records WHERE session_id = ? AND "
+                              "max(residual_ns) - min(residual_ns) AS p FROM session_records WHERE session_id = ? AND "
                               "residual_ns IS NOT NULL GROUP BY tick_index HAVING count(*) > 1) GROUP BY ALL ORDER BY 1",
                          [bin_ns, bin_ns, sid])
         series: dict[str, dict] = {}

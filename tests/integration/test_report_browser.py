@@ -241,3 +241,30 @@ def test_the_cli_writes_the_report_and_refuses_a_path_inside_out(lineage_run, tm
     plots = page.count('<img class="plot"')
     assert str(tmp_path / "report.html") in printed and f"({plots} plots" in printed and plots >= 12
     assert page.startswith("<!DOCTYPE html>") and "Run report:" in page
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    from s3server import s3_server
+
+    with s3_server(tmp_path_factory.mktemp("s3")) as server:
+        yield server
+
+
+def test_an_s3_out_gives_the_page_of_the_same_commit(lineage_run, s3, monkeypatch, tmp_path):
+    """OUT copied object for object to s3://bucket/prefix (the commit names files relative to OUT)
+    reads through pyarrow's S3 filesystem into the same page, plots included, but for its name."""
+    from modalign.pipeline.report import build_report
+    from s3server import use_aws_env
+
+    use_aws_env(monkeypatch, s3)
+    out, client = lineage_run.out, s3.client()
+    for p in sorted(out.rglob("*")):
+        rel = p.relative_to(out)
+        if p.is_file() and rel.parts[0] != "cache":  # the feature cache is no part of a commit
+            client.upload_file(str(p), s3.bucket, f"run/{rel.as_posix()}")
+    uri = f"s3://{s3.bucket}/run"
+    local = build_report(out)
+    assert build_report(uri) == local.replace(str(out), uri)
+    assert main(["report", uri, "--out", str(tmp_path / "s3.html")]) == 0
+    assert (tmp_path / "s3.html").read_text(encoding="utf-8") == local.replace(str(out), uri)
