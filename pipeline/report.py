@@ -379,8 +379,9 @@ def _clocks(info: dict) -> str:
     for d in info["drift"]:
         caption = (f"Session {d['session_id']}: each source's residual (ms) over session time"
                    + (f" (binned to {d['binned_ms']:.0f} ms, the largest residual of each bin)" if d["binned_ms"] else "")
-                   + "; black: the largest pairwise residual between sources, which the drift alarm measures"
-                   + (f" (threshold {info['drift_threshold_ms']:.0f} ms)" if info["drift_threshold_ms"] else "")
+                   + ("; black: the largest pairwise residual between sources, which the drift alarm measures"
+                      + (f" (threshold {info['drift_threshold_ms']:.0f} ms)" if info["drift_threshold_ms"] else "")
+                      if d["pairwise"]["t_s"] else "; one source: no pairwise residual")
                    + f"; shaded: {len(d['alarms'])} drift alarm(s)")
         parts.append(_figure(_drift_plot(d, clocks, info["drift_threshold_ms"]),
                              f"residual over session time, session {d['session_id']}", caption))
