@@ -368,6 +368,7 @@ class Context:
     streams: tuple[FeatureStream, ...]
     quality: dict[str, pa.DataType]  # modality -> type of its events' quality column, where present
     items: list[WorkItem] = field(default_factory=list)
+    frame_size: tuple[int, int] = (0, 0)  # (height, width) of gap-only blocks: the first video's frames
     _fs: Any = field(default=None, repr=False, compare=False)
     _footers: Any = field(default=None, repr=False, compare=False)
 
@@ -424,6 +425,7 @@ def context(output: Any, spec: AlignedSpec) -> Context:
                   streams=(), quality={}, _fs=output.filesystem)
     ctx.streams = _feature_streams(ctx, spec.features, snap)
     ctx.quality = _quality_types(ctx)
+    ctx.frame_size = spec.frame_size or _first_frame_size(ctx)
     ranges = []
     for sid in wanted:
         recs = [ctx.footer(f) for f in _table_files(ctx.session_files[sid], RecordRow)]
@@ -432,6 +434,17 @@ def context(output: Any, spec: AlignedSpec) -> Context:
         ranges.append((sid, *geometry.in_range(n, spec.time_range)))
     ctx.items = plan_items(ranges, ctx.samples_per_item)
     return ctx
+
+
+def _first_frame_size(ctx: Context) -> tuple[int, int]:
+    if not ctx.spec.decode or "video" not in ctx.spec.modalities:
+        return (0, 0)
+    for files in ctx.session_files.values():
+        for f in _table_files(files, VideoFrameRow):
+            size = ctx.footer(f).size
+            if size:
+                return (int(size[0]), int(size[1]))
+    return (0, 0)
 
 
 def _table_files(files: Iterable[str], row: type) -> list[str]:
@@ -477,21 +490,32 @@ def _feature_streams(ctx: Context, wanted: tuple[str, ...], snap: Any) -> tuple[
     return tuple(out)
 
 
+def _nullable(t: pa.DataType) -> pa.DataType:
+    """``t`` with every nested field nullable (a gap's quality is a null struct: Parquet refuses nulls
+    under fields declared non-nullable)."""
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _nullable(f.type), True, f.metadata) for f in t])
+    if pa.types.is_list(t):
+        return pa.list_(pa.field(t.value_field.name, _nullable(t.value_type), True))
+    return t
+
+
 def _quality_types(ctx: Context) -> dict[str, pa.DataType]:
-    """The type of each event table's ``quality`` column, where the declared schema or a file has one."""
+    """The type of each event table's ``quality`` column (every field nullable), where the declared
+    schema or a file has one."""
     out: dict[str, pa.DataType] = {}
     for m in ctx.spec.modalities:
         row = EVENT_TABLES[m]
         declared = row.schema()
         if "quality" in declared.names:
-            out[m] = declared.field("quality").type
+            out[m] = _nullable(declared.field("quality").type)
             continue
         for files in ctx.session_files.values():
             fs = _table_files(files, row)
             if fs:
                 schema = ctx.footer(fs[0]).schema
                 if "quality" in schema.names:
-                    out[m] = schema.field("quality").type
+                    out[m] = _nullable(schema.field("quality").type)
                 break
     return out
 
@@ -836,8 +860,8 @@ def decode_frames(block: Block, ctx: Context, pool: ThreadPoolExecutor | None = 
         if first is not None:
             with Image.open(io.BytesIO(jpeg[first].as_py())) as im:
                 size = (im.height, im.width)
-        else:
-            size = (0, 0)
+        else:  # no frame in the block: the size of the dataset's video, (0, 0) if it has none
+            size = ctx.frame_size
     h, w = size
     out = np.zeros((n, T, h, w, 3), dtype=np.uint8)
     jobs = [(i, t, int(r)) for i, row in enumerate(vrow.tolist()) for t, r in enumerate(row) if r >= 0]
@@ -856,6 +880,14 @@ def decode_frames(block: Block, ctx: Context, pool: ThreadPoolExecutor | None = 
         for j in jobs:
             one(j)
     return out[:, 0] if ctx.geometry.squeeze else out
+
+
+def tensor_column(arr: np.ndarray) -> pa.Array:
+    """(n, ...) numpy -> a fixed-shape tensor column sharing its buffer (an empty shape too)."""
+    if arr.size:
+        return pa.FixedShapeTensorArray.from_numpy_ndarray(arr)
+    storage = pa.array([[]] * len(arr), pa.list_(pa.from_numpy_dtype(arr.dtype), 0))
+    return pa.ExtensionArray.from_storage(pa.fixed_shape_tensor(storage.type.value_type, list(arr.shape[1:])), storage)
 
 
 def _threads(ctx: Context) -> int:
@@ -877,7 +909,7 @@ def iter_blocks(ctx: Context, items: Iterable[WorkItem] | None = None) -> Iterat
                 if block.frames is not None:
                     frames = decode_frames(block, ctx, pool)
                     block.views["video_frame"] = frames
-                    block.columns["video_frame"] = pa.FixedShapeTensorArray.from_numpy_ndarray(frames)
+                    block.columns["video_frame"] = tensor_column(frames)
                     block.frames = None
                 yield block
     finally:
