@@ -58,7 +58,7 @@ from modalign.schemas.units import NS_PER_MS, NS_PER_S
 
 MODALITIES = ("video", "audio", "pdf")
 EVENT_TABLES = {"video": VideoFrameRow, "audio": MfccRow, "pdf": TextBlockRow}
-DEFAULT_CHUNK_S = 60.0
+DEFAULT_CHUNK_S = 10.0  # session seconds per work item: the unit of sharding and of reading
 FRAMES_PER_BATCH = 64  # default batch size in frames: 64 tick samples, or one clip of 64 ticks
 _I64_MAX = np.iinfo(np.int64).max
 
@@ -869,7 +869,8 @@ def decode_frames(block: Block, ctx: Context, pool: ThreadPoolExecutor | None = 
     def one(job: tuple[int, int, int]) -> None:
         i, t, r = job
         with Image.open(io.BytesIO(jpeg[r].as_py())) as im:
-            im = im.convert("RGB")
+            if im.mode != "RGB":  # (convert copies even to its own mode)
+                im = im.convert("RGB")
             if (im.height, im.width) != (h, w):
                 im = im.resize((w, h), Image.BILINEAR)
             out[i, t] = np.asarray(im)
@@ -955,24 +956,32 @@ def iter_samples(ctx: Context, items: Iterable[WorkItem] | None = None, tensor: 
 
 
 def samples_of(block: Block, ctx: Context, tensor: Any = None) -> Iterator[dict]:
-    """The block's samples as dicts: numpy arrays that are views of the block's buffers (the same
-    memory as ``to_batch(block)``'s columns; ``tensor`` wraps them, e.g. ``torch.from_numpy``),
+    """The block's samples as dicts: arrays that are views of the block's buffers (the same memory
+    as ``to_batch(block)``'s columns; ``tensor`` wraps each whole buffer once, e.g. ``torch.from_numpy``,
+    and a sample gets an index into it, so consecutive samples are adjacent views of one buffer),
     Python numbers and strings, lists of dicts for text blocks."""
     wrap = tensor or (lambda a: a)
     names = column_order(ctx)
     py = {c: block.columns[c].to_pylist() for c in names if c not in block.views}
+    arrays: dict[str, Any] = {}
+    for c, v in block.views.items():
+        if isinstance(v, tuple):
+            arrays[c] = (wrap(v[0]), v[1])
+        elif v.ndim == 1:  # one number per sample: a Python scalar
+            arrays[c] = v.tolist()
+        else:
+            arrays[c] = wrap(v)
     for i in range(block.n):
         s: dict[str, Any] = {}
         for c in names:
-            v = block.views.get(c)
+            v = arrays.get(c)
             if v is None:
                 s[c] = py[c][i]
             elif isinstance(v, tuple):
                 flat, off = v
-                s[c] = wrap(flat[off[i]:off[i + 1]])
+                s[c] = flat[int(off[i]):int(off[i + 1])]
             else:
-                x = v[i]
-                s[c] = wrap(x) if isinstance(x, np.ndarray) else x.item()
+                s[c] = v[i]
         yield s
 
 

@@ -125,7 +125,7 @@ class Output:
         ``decode``: frames as uint8 HWC (else JPEG bytes); ``features``: True (every stream) or names
         ``MODALITY/GRANULARITY`` (``video/frame``, ``pdf/roi``, ...). ``options``: ``sources``
         (modality -> source id), ``batch_size``, ``chunk_s``, ``frame_size`` (H, W), ``decode_threads``.
-        Batches never span sessions; a session is read chunk by chunk (``chunk_s``, default 60 s)."""
+        Batches never span sessions; a session is read chunk by chunk (``chunk_s``, default 10 s)."""
         from modalign.pipeline.dataset import AlignedSpec, context, iter_batches
 
         spec = AlignedSpec.make(unit, clip_s, stride_s, modalities, sessions, time_range, decode, features, **options)

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from modalign.pipeline.dataset import (AlignedSpec, Context, WorkItem, context, iter_batches, iter_samples,
-                                       plain_batch, rows_of, shard_items, shard_of)
+                                       plain_batch, rows_of, shard_items, shard_of, with_spec)
 
 _TORCH_CLASS: Any = None
 
@@ -65,7 +65,10 @@ def _torch_class() -> type:
             return shard_items(self.ctx.items, *self.shard())
 
         def __iter__(self) -> Iterator[dict]:
-            return iter_samples(self.ctx, self.items(), tensor=torch.from_numpy)
+            ctx = self.ctx
+            if get_worker_info() is not None and ctx.spec.decode_threads is None:
+                ctx = with_spec(ctx, decode_threads=1)  # the workers are the parallelism: one decoder each
+            return iter_samples(ctx, self.items(), tensor=torch.from_numpy)
 
         @property
         def num_samples(self) -> int:
@@ -90,16 +93,32 @@ def torch_dataset(output: Any, rank: int | None = None, world_size: int | None =
     return _torch_class()(context(output, AlignedSpec.make(**aligned)), rank, world_size)
 
 
+def _adjacent(vals: list) -> Any:
+    """One tensor over ``vals`` without a copy when they are consecutive equal-shaped views of one
+    buffer (what ``torch_dataset`` yields within a block), else None."""
+    v0 = vals[0]
+    if not v0.is_contiguous():
+        return None
+    ptr, step = v0.untyped_storage().data_ptr(), v0.numel()
+    for j, v in enumerate(vals):
+        if (v.shape != v0.shape or v.dtype != v0.dtype or not v.is_contiguous()
+                or v.untyped_storage().data_ptr() != ptr or v.storage_offset() != v0.storage_offset() + j * step):
+            return None
+    return v0.as_strided((len(vals), *v0.shape), (step, *v0.stride()), v0.storage_offset())
+
+
 def collate(samples: list[dict]) -> dict:
-    """A DataLoader ``collate_fn``: tensors of one shape stacked, numbers as a tensor, the rest as lists."""
+    """A DataLoader ``collate_fn``: tensors of one shape as one batch tensor (a view, not a copy, when
+    the samples are adjacent in one buffer), numbers as a tensor, the rest as lists."""
     import torch
 
     out: dict[str, Any] = {}
     for k in samples[0]:
         vals = [s[k] for s in samples]
         v0 = vals[0]
-        if isinstance(v0, torch.Tensor) and all(v.shape == v0.shape for v in vals):
-            out[k] = torch.stack(vals)
+        if isinstance(v0, torch.Tensor) and all(isinstance(v, torch.Tensor) and v.shape == v0.shape for v in vals):
+            view = _adjacent(vals)
+            out[k] = view if view is not None else torch.stack(vals)
         elif isinstance(v0, (bool, int, float)) and all(type(v) is type(v0) for v in vals):
             out[k] = torch.tensor(vals)
         else:
