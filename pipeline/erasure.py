@@ -657,11 +657,13 @@ def _apply(root: Path, base: Snapshot, plan: _Plan, lease: Any, commits: CommitL
 
 def _monitor_again(layout: OutputLayout, base: Snapshot, plan: _Plan, replaced: dict[str, str], dropped: set[str],
                    attempt: str, summary: dict) -> dict:
-    """The monitors' tables rebuilt over the features the erasure leaves (``pipeline.monitors``), as
-    a run's commit builds them, so that no window describes erased vectors; nothing for an OUT
-    without them. ``summary`` (the new run.json) gets their figures."""
+    """The monitors' tables rebuilt over the features and events the erasure leaves (``pipeline.monitors``,
+    ``pipeline.quality``), as a run's commit builds them, so that no window or quality row describes
+    erased data; nothing for an OUT without them. ``summary`` (the new run.json) gets their figures."""
     from modalign.pipeline.monitors import monitor_embeddings, monitor_reference
-    from modalign.schemas.config import MonitorConfig
+    from modalign.pipeline.quality import monitor_quality, quality_reference
+    from modalign.pipeline.quality import record as record_quality
+    from modalign.schemas.config import MonitorConfig, QualityConfig
 
     old = sorted(f for f in base.shared if f.startswith(MONITOR + "/"))
     if not old:
@@ -676,7 +678,18 @@ def _monitor_again(layout: OutputLayout, base: Snapshot, plan: _Plan, replaced: 
     result = monitor_embeddings(layout, features, attempt, config.embedding, *reference)
     summary["monitor"] = {k: result[k] for k in ("windows", "alarms", "streams")}
     summary.setdefault("counts", {})["monitor_alarms"] = dict(result["alarms"])
-    return {"files": result["files"], "replaced": old, "replaced_sha256": _hashes(layout.root, old, base.digests)}
+    # the quality-shift rows over the events left (pipeline.quality); the run's violation counts stay
+    shift = QualityConfig.model_validate(summary.get("config", {}).get("quality", {})).shift
+    try:
+        quality_ref = quality_reference(config.reference)
+    except ConfigError:
+        quality_ref = (None, [], None)
+    events = sorted(replaced.get(f, f) for sid, sess in base.sessions.items() if sid not in plan.dropped_sessions
+                    for f in sess["files"] if f.startswith("events/") and f not in dropped)
+    checked = monitor_quality(layout, events, attempt, shift, *quality_ref)
+    record_quality(summary, checked)
+    files = result["files"] + checked["files"]
+    return {"files": files, "replaced": old, "replaced_sha256": _hashes(layout.root, old, base.digests)}
 
 
 def _dry_report(store: Any, plan: _Plan, subject: str | None, source: str | None, scope: str) -> dict:

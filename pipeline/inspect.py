@@ -40,8 +40,14 @@ def collect(out: str | PathLike, storage: Any = None) -> dict:
             .to_arrow_table().to_pylist()
     info["monitor"] = output.run.get("monitor") or {}
     m = _files(output, "monitor_alarms", con)
-    info["monitor_alarms"] = (con.sql(f"SELECT * FROM {m} ORDER BY model_id, granularity, window_index, kind")
-                              .to_arrow_table().to_pylist() if m else [])
+    alarms_all = (con.sql(f"SELECT * FROM {m} ORDER BY model_id, granularity, window_index, kind, modality, "
+                          "property, session_id").to_arrow_table().to_pylist() if m else [])
+    info["monitor_alarms"] = [a for a in alarms_all if a["kind"] != "quality_shift"]
+    info["quality_alarms"] = [a for a in alarms_all if a["kind"] == "quality_shift"]
+    qs = _files(output, "monitor_quality", con)  # the quality-shift rows over every committed session
+    info["quality"] = (con.sql(f"SELECT * FROM {qs} WHERE session_id IS NULL OR (SELECT count(DISTINCT session_id) "
+                               f"FROM {qs}) = 1 ORDER BY modality, property").to_arrow_table().to_pylist()
+                       if qs else [])
     q = _files(output, "quarantine", con)
     if q:
         info["quarantine"] = con.sql(
@@ -61,6 +67,31 @@ def timing_text(run: dict) -> str:
                                                       ("processing_s", "processing"), ("commit_s", "commit"))
              if t.get(k) is not None]
     return f" ({', '.join(parts)})" if parts else ""
+
+
+def quality_lines(info: dict) -> list[str]:
+    """The quality gates: this run's expectation violations, each property of the committed events
+    against the reference (all sessions together), and the quality_shift alarms."""
+    run = info["run"]
+    c = (run.get("counts") or {}).get("quality") or {}
+    q = (run.get("monitor") or {}).get("quality") or {}
+    ref = q.get("reference")
+    lines = [f"quality: {c.get('warn', 0)} warn, {c.get('drop', 0)} drop, {c.get('fail', 0)} fail violation(s); "
+             f"{len(info.get('quality_alarms', []))} shift alarm(s) against " + (ref or "no reference")]
+    def fmt(v: float | None, width: int, digits: int) -> str:
+        return f"{'-':>{width}}" if v is None else f"{v:{width}.{digits}f}"
+
+    if info.get("quality"):
+        lines.append(f"  {'modality':<8} {'property':<16} {'n':>7} {'mean':>10} {'ref mean':>10} {'psi':>7} "
+                     f"{'sigmas':>7}  alarm")
+    for r in info.get("quality", []):
+        lines.append(f"  {r['modality']:<8} {r['property']:<16} {r['current_n']:>7} {fmt(r['current_mean'], 10, 2)} "
+                     f"{fmt(r['reference_mean'], 10, 2)} {fmt(r['psi'], 7, 3)} {fmt(r['shift_sigmas'], 7, 2)}  "
+                     + ("ALARM" if r["alarm"] else ""))
+    for a in info.get("quality_alarms", []):
+        lines.append(f"  [quality_shift] {a['modality']} {a['property']} {a['session_id'] or 'all sessions'}: "
+                     f"psi {a['value']:.3f} >= {a['threshold']:.3f}")
+    return lines
 
 
 def render(info: dict) -> str:
@@ -99,6 +130,7 @@ def render(info: dict) -> str:
                      f"({a['start_t_ns'] / 1e9:.2f}-{a['end_t_ns'] / 1e9:.2f} s) "
                      + (f"divergence {a['value']:.3f} > {a['threshold']:.3f}" if a["kind"] == "embedding_drift" else
                         f"mean norm {a['value']:.3f}, reference {a['threshold']:.3f}"))
+    lines += quality_lines(info)
     lines.append(f"quarantined: {len(info['quarantine'])}")
     for q in info["quarantine"]:
         lines.append(f"  [{q['reason_code']}] {q['source_uri']} ({q['stage']}): {q['message']}")

@@ -29,8 +29,9 @@ OTHER = "other"
 
 # Closed label sets.
 MODALITIES = tuple(PLANS)
-STAGES = ("ingest", "embed", "align", "index", "monitor", "commit")  # per-stage latency
-MONITOR_ALARMS = ("embedding_drift", "norm_jump")
+STAGES = ("ingest", "embed", "align", "index", "monitor", "quality", "commit")  # per-stage latency
+MONITOR_ALARMS = ("embedding_drift", "norm_jump", "quality_shift")
+QUALITY_ACTIONS = ("warn", "drop", "fail")  # what a broken quality expectation does
 SOURCE_STATUSES = ("ingested", "partial", "quarantined", "no_stream")  # lineage row status
 DEID_KINDS = ("faces_blurred", "frame_text_blurred", "pii_replaced", "voice_frames")
 REASONS = tuple(r.value for r in QuarantineReason)
@@ -43,6 +44,7 @@ LABEL_VALUES: dict[str, tuple[str, ...]] = {
     "modality": MODALITIES + ("all",), "stage": STAGES, "status": SOURCE_STATUSES, "kind": DEID_KINDS,
     "reason": REASONS, "granularity": GRANULARITIES, "result": CACHE_RESULTS, "state": WATCH_STATES,
     "outcome": tuple(dict.fromkeys(WATCH_OUTCOMES + RUN_OUTCOMES)), "alarm": MONITOR_ALARMS,
+    "action": QUALITY_ACTIONS,
 }
 """Every value a label may take (plus ``other``): what keeps the number of series bounded."""
 
@@ -96,11 +98,19 @@ class Metrics:
                                      registry=r)
         self.monitor_alarms = Gauge("modalign_monitor_alarms", "Monitor alarms in the committed state, by kind",
                                     ["alarm"], registry=r)
+        self.quality_violations = Counter("modalign_quality_violations",
+                                          "Records that broke a quality expectation, by modality and action "
+                                          "(warn: counted, drop: not written, fail: the run stopped)",
+                                          ["modality", "action"], registry=r)
+        self.quality_shift_alarms = Gauge("modalign_quality_shift_alarms",
+                                          "Quality-shift alarms of the committed state against the reference, "
+                                          "by modality (rebuilt every commit)", ["modality"], registry=r)
         self.runs = Counter("modalign_runs", "Runs (a watch: batches) ended", ["outcome"], registry=r)
         self.stage_seconds = Histogram("modalign_stage_seconds",
                                        "Latency per stage: ingest (one batch decoded, de-identified and "
                                        "written, in the worker), embed (one batch, in the embedder), align (a "
-                                       "session's finish), index (FAISS build), commit", ["stage", "modality"],
+                                       "session's finish), index (FAISS build), monitor (embedding drift), "
+                                       "quality (the quality-shift check), commit", ["stage", "modality"],
                                        buckets=LATENCY_BUCKETS, registry=r)
         # -- watch
         self.objects_seen = Counter("modalign_watch_objects_seen",
@@ -136,6 +146,11 @@ class Metrics:
         if nbytes:
             self.source_bytes.labels(m).inc(nbytes)
         for counter, n in deid.items():
+            if counter.startswith("quality:"):  # quality:ACTION:MODALITY:INDEX (operators.quality.gate)
+                _q, action, mod, *_ = counter.split(":") + ["", ""]
+                if n:
+                    self.quality_violations.labels(bounded("modality", mod), bounded("action", action)).inc(n)
+                continue
             kind = deid_kind(counter)
             if kind != OTHER and n:
                 self.deidentified.labels(kind).inc(n)
@@ -161,7 +176,14 @@ class Metrics:
         """A commit's monitors (``monitors.monitor_embeddings``): windows and alarms of the committed state."""
         self.monitor_windows.set(result["windows"])
         for kind in MONITOR_ALARMS:
-            self.monitor_alarms.labels(kind).set(result["alarms"].get(kind, 0))
+            if kind in result["alarms"]:  # quality_shift is set by quality_monitored
+                self.monitor_alarms.labels(kind).set(result["alarms"][kind])
+
+    def quality_monitored(self, result: dict) -> None:
+        """A commit's quality-shift check (``quality.monitor_quality``): its alarms in the committed state."""
+        self.monitor_alarms.labels("quality_shift").set(result["alarms"])
+        for modality in MODALITIES:
+            self.quality_shift_alarms.labels(modality).set(result["by_modality"].get(modality, 0))
 
     def cache_stats(self, stats: dict) -> None:
         """The embedder's cache hits and misses of one run (``FeatureCache.stats``)."""

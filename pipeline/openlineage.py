@@ -72,15 +72,20 @@ COLUMN_LINEAGE: dict[str, dict[str, tuple[tuple[str, str, str, str], ...]]] = {
         "face_boxes": (("source:video", "frames", "TRANSFORMATION", "face detection"),),
         "text_boxes": (("source:video", "frames", "TRANSFORMATION", "OCR + personal-data detection"),),
         "t_ns": (("source:video", "frames", "TRANSFORMATION", "PTS on the session clock"),),
+        "quality": (("source:video", "frames", "AGGREGATION", "luma mean, std and Laplacian variance of the "
+                                                              "decoded frame, before de-identification"),),
     },
     "events_audio": {
         "mfcc": (("source:audio", "waveform", "TRANSFORMATION", "voice policy, then 40 MFCCs per 10 ms"),),
         "voiced": (("source:audio", "waveform", "TRANSFORMATION", "voice-activity detection"),),
+        "quality": (("source:audio", "waveform", "AGGREGATION", "level, clipping and level over the noise floor "
+                                                                "of each frame's window, before anonymisation"),),
     },
     "events_pdf": {
         "text": (("source:pdf", "pages", "TRANSFORMATION", "text layer or OCR, personal data pseudonymised"),),
         "words": (("source:pdf", "pages", "TRANSFORMATION", "OCR word boxes, personal data pseudonymised"),),
         "pii_counts": (("source:pdf", "pages", "AGGREGATION", "personal-data items found per kind"),),
+        "quality": (("source:pdf", "pages", "AGGREGATION", "mean OCR confidence of the block's words"),),
     },
     "records": {
         "event_id": tuple((t, "event_id", "IDENTITY", "matched event") for t in EVENT_TABLES),
@@ -103,7 +108,11 @@ COLUMN_LINEAGE: dict[str, dict[str, tuple[tuple[str, str, str, str], ...]]] = {
         "divergence": (("features", "vector", "AGGREGATION", "KL of a window's histograms against the reference's"),),
         "mean_norm": (("features", "vector", "AGGREGATION", "mean L2 norm of a window's vectors"),),
     },
-    "monitor_alarms": {"value": (("features", "vector", "AGGREGATION", "divergence or mean norm of the window"),)},
+    "monitor_alarms": {"value": (("features", "vector", "AGGREGATION", "divergence or mean norm of the window"),
+                                 *((t, "quality", "AGGREGATION", "PSI of a quality property against the reference")
+                                   for t in EVENT_TABLES))},
+    "monitor_quality": {c: tuple((t, "quality", "AGGREGATION", f"{c} of a quality property") for t in EVENT_TABLES)
+                        for c in ("current_mean", "current_std", "psi", "shift_sigmas")},
 }
 
 

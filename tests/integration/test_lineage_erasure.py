@@ -36,7 +36,7 @@ S = "subject-0001"
 ERASED = {("sample-meeting", s) for s in ("room_video", "room_video.audio", "lapel", "slides")} | {("solo", "room")}
 MENTIONED = {("deck", "slides")}  # lists no subject; found through the registry, erased whole
 GONE = ERASED | MENTIONED
-MONITOR_TABLES = {"monitor_windows", "monitor_alarms"}  # rebuilt over what is left: test_the_monitor_...
+MONITOR_TABLES = {"monitor_windows", "monitor_alarms", "monitor_quality"}  # rebuilt over what is left: test_the_monitor_...
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +200,19 @@ def test_the_monitor_is_rebuilt_over_what_the_erasure_leaves(planted, erased, tm
     again = monitor_embeddings(OutputLayout.of(copy), features, "check", cfg)
     rows = pq.read_table(copy / again["files"][0]).to_pylist() if again["files"] else []
     assert _multiset(after) == _multiset(rows) and output.run["monitor"]["windows"] == len(rows)
+    # the quality rows too: none of an erased session, the rest as a fresh check over the events left
+    from modalign.pipeline.quality import monitor_quality
+    from modalign.schemas.config import QualityShiftConfig
+
+    quality = _tables(erased["out"])["monitor_quality"]
+    assert {r["session_id"] for r in planted["tables"]["monitor_quality"]} >= {"sample-meeting", "solo", "deck"}
+    assert {r["session_id"] for r in quality} == {"solo"}  # one session left: no all-sessions row
+    events = sorted(f for f in output.snapshot.files() if f.startswith("events/"))
+    shift = QualityShiftConfig.model_validate(output.run["config"]["quality"]["shift"])
+    checked = monitor_quality(OutputLayout.of(copy), events, "check", shift)
+    fresh = pq.read_table(copy / checked["files"][0]).to_pylist()
+    assert _multiset(quality) == _multiset(fresh) and output.run["monitor"]["quality"]["rows"] == len(fresh)
+    assert {r["property"] for r in quality} == {"loudness_dbfs", "clipping_ratio", "snr_db"}
     old = erased["report"]["monitor"]["replaced"]
     assert old and all(f["sha256"].startswith("sha256:") for f in old)
     assert not {f["path"] for f in old} & output.snapshot.files()

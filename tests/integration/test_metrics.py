@@ -85,10 +85,13 @@ def test_run_metrics_equal_run_json(ray_local, sample_manifest, tmp_path):
     for name in ("ticks", "gaps", "drift_alarms"):
         assert _v(got, f"modalign_{name}_total") == c[name], name
     assert _v(got, "modalign_monitor_windows") == run_json["monitor"]["windows"] > 0
-    for kind in ("embedding_drift", "norm_jump"):
+    for kind in ("embedding_drift", "norm_jump", "quality_shift"):
         assert _v(got, "modalign_monitor_alarms", alarm=kind) == c["monitor_alarms"][kind], kind
     assert c["monitor_alarms"]["embedding_drift"] > 0
     assert _v(got, "modalign_stage_seconds_count", stage="monitor", modality="all") == 1
+    assert _v(got, "modalign_stage_seconds_count", stage="quality", modality="all") == 1
+    for action, n in c["quality"].items():  # expectation violations (the default expectations only warn)
+        assert sum(v for k, v in got["modalign_quality_violations_total"].items() if dict(k)["action"] == action) == n
     assert _v(got, "modalign_sessions_committed_total") == 2
     assert _v(got, "modalign_runs_total", outcome="committed") == 1
 
@@ -126,7 +129,7 @@ def test_run_metrics_equal_run_json(ray_local, sample_manifest, tmp_path):
     assert _v(got, "modalign_stage_seconds_count", stage="embed", modality="video") > 0
     assert _v(got, "modalign_stage_seconds_sum", stage="ingest", modality="video") > 0
     for labels in got["modalign_stage_seconds_count"]:  # nothing but closed label values
-        assert dict(labels)["stage"] in ("ingest", "embed", "align", "index", "monitor", "commit")
+        assert dict(labels)["stage"] in ("ingest", "embed", "align", "index", "monitor", "quality", "commit")
         assert dict(labels)["modality"] in ("video", "audio", "pdf", "all")
 
 
