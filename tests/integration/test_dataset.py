@@ -313,3 +313,31 @@ def test_hugging_face_gives_the_same_rows(out, tmp_path):
     assert len(got) == len(want) > 0
     assert got == want
     assert not any(isinstance(f, pa.MapType) for f in hf.data.schema.types)
+
+
+def test_readme_training_examples_run_as_written(lineage_run, ray_local):
+    """README "Training datasets": its Python examples, on this run's OUT."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = re.search(r"\n## Training datasets\n(.*?)\n## ", readme, re.S).group(1)
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 3
+    scope: dict = {}
+
+    def run(code):
+        exec(compile(code.replace('"out"', repr(str(lineage_run.out))), "README.md", "exec"), scope)
+
+    run(blocks[0])  # Arrow batches
+    assert scope["frames"].shape[1:] == (50, 360, 640, 3) and scope["frames"].dtype == np.uint8
+    assert scope["mfcc"].shape[1:] == (200, 40) and scope["mask"].shape[1:] == (200,)
+    assert np.shares_memory(scope["mfcc"], column_numpy(scope["batch"], "audio_mfcc"))
+    assert all(v.shape[1:] == (1280,) for v in scope["vectors"]) and len(scope["text"]) == len(scope["frames"])
+    run(blocks[1])  # PyTorch
+    assert tuple(scope["batch"]["video_frame"].shape) == (32, 360, 640, 3)
+    assert tuple(scope["batch"]["audio_mfcc"].shape) == (32, 4, 40)
+    run(blocks[2])  # Ray Data, Hugging Face
+    n_clips = sum(b.num_rows for b in modalign.open(lineage_run.out).aligned(unit="clip", clip_s=2.0, decode=False))
+    assert scope["rd"].count() == len(scope["hf"]) == n_clips > 0
+    assert "feat_pdf_roi" in scope["hf"].column_names and "video_jpeg" in scope["hf"].column_names
