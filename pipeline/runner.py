@@ -46,6 +46,7 @@ from modalign.pipeline.layout import OutputLayout, attempt_of, storage_faults, w
 from modalign.pipeline.lease import Lease
 from modalign.pipeline.metrics import Metrics
 from modalign.pipeline.monitors import monitor_embeddings, monitor_reference
+from modalign.pipeline import quality
 from modalign.pipeline.progress import Display
 from modalign.pipeline.openlineage import RunLineage
 from modalign.pipeline.worker import PARTS_PER_RANGE, lineage_row, source_lineage
@@ -53,7 +54,7 @@ from modalign.schemas.arrow import rows_to_table
 from modalign.schemas.config import RunConfig, RuntimeConfig
 from modalign.schemas.environment import key_store_dir, ray_temp_dir
 from modalign.schemas.errors import (ConfigError, EnvironmentFaultError, InputError, ModalignError, OutputLockedError,
-                                     QuarantineReason)
+                                     QualityGateError, QuarantineReason)
 from modalign.schemas.files import fsync_dir, stat_version
 from modalign.schemas.tables import DeidHeader, LineageColumns, QuarantineRow, SourceLineageRow
 
@@ -336,6 +337,10 @@ class Runner:
         carried = {sid: s for sid, s in (base.sessions.items() if base else ()) if sid not in sessions}
         features = sorted(f for s in [*sessions.values(), *carried.values()] for f in s["files"]
                           if f.startswith("features/"))
+        # a record broke a `fail` quality expectation: QualityGateError, nothing of this run is committed
+        quality.check_failures(row for st in self.states for row in st.quarantine)
+        events = sorted(f for s in [*sessions.values(), *carried.values()] for f in s["files"]
+                        if f.startswith("events/"))
         self.display.stage("commit")
         with storage_faults(self.out):
             t = time.perf_counter()
@@ -349,7 +354,14 @@ class Runner:
             self.metrics.monitored(monitor)
             summary["monitor"] = {k: monitor[k] for k in ("windows", "alarms", "streams")}
             summary["counts"]["monitor_alarms"] = dict(monitor["alarms"])
-            shared = ([ix["path"] for ix in indexes] + monitor["files"]
+            t = time.perf_counter()  # the quality-shift check over the committed events (pipeline.quality)
+            checked = quality.monitor_quality(self.layout, events, self.attempt, self.config.quality.shift,
+                                              *quality.quality_reference(self.config.monitor.reference,
+                                                                         self.config.storage))
+            self.metrics.stage("quality", time.perf_counter() - t)
+            self.metrics.quality_monitored(checked)
+            quality.record(summary, checked, self.counts, self.config.quality)
+            shared = ([ix["path"] for ix in indexes] + monitor["files"] + checked["files"]
                       + carried_shared(base))  # + the denylist, erasure reports
             if not self.layout.is_s3:  # an object is durable once its upload completed
                 new_files = [self.out / f for s in sessions.values() for f in s["files"]] + [self.out / f for f in shared]
@@ -683,6 +695,11 @@ class Runner:
             case QuarantineItem(row=row):
                 self.progress(f"quarantine {row.source_uri}: [{row.reason_code}] {row.message}")
                 self.display.quarantined()
+                if row.reason_code == QuarantineReason.QUALITY_FAILED:  # a `fail` expectation: the run stops now
+                    try:
+                        quality.check_failures([row])
+                    except QualityGateError as exc:
+                        self._halt(exc)
                 with self._lock:
                     st.quarantine.append(row)
             case FaultItem(message=message):
