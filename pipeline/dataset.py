@@ -360,8 +360,8 @@ class Context:
     geometry: Geometry
     tolerance_ns: dict[str, int]
     n_mfcc: int
-    root: str
-    storage: Any  # StorageConfig of an s3:// OUT, or None
+    root: str  # OUT's absolute folder, or bucket/prefix on ``layout.fs``
+    layout: Any  # OUT's ``OutputLayout`` (its filesystem: None locally, S3 with the run's options)
     uri: str
     session_files: dict[str, list[str]]  # session -> committed files, relative to OUT
     n_ticks: dict[str, int]
@@ -374,15 +374,14 @@ class Context:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_fs"] = state["_footers"] = None  # filesystems and caches are made again where it runs
+        state["_fs"] = state["_footers"] = None  # filesystems, clients and caches are made again where it runs
+        state["layout"] = replace(self.layout)  # its fields only: not the cached store (a boto3 client)
         return state
 
     @property
     def fs(self) -> Any:
-        if self._fs is None and self.uri.startswith("s3://"):
-            from modalign.pipeline.layout import OutputLayout
-
-            self._fs = OutputLayout.of(self.uri, self.storage).fs
+        if self._fs is None and self.layout.is_s3:
+            self._fs = self.layout.fs
         return self._fs
 
     def footer(self, rel: str) -> _File:
@@ -420,7 +419,8 @@ def context(output: Any, spec: AlignedSpec) -> Context:
     if missing:
         raise ConfigError(f"no session {', '.join(missing)} in {output.uri}; sessions: {', '.join(sorted(snap.sessions))}")
     ctx = Context(spec=spec, geometry=geometry, tolerance_ns=tol, n_mfcc=int(audio.get("n_mfcc", 40)),
-                  root=str(output.root), storage=getattr(output.layout, "storage", None), uri=output.uri,
+                  root=str(output.root if output.layout.is_s3 else os.path.abspath(output.root)),
+                  layout=output.layout, uri=output.uri,
                   session_files={s: sorted(snap.sessions[s]["files"]) for s in wanted}, n_ticks={},
                   streams=(), quality={}, _fs=output.filesystem)
     ctx.streams = _feature_streams(ctx, spec.features, snap)

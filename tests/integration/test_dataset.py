@@ -341,3 +341,28 @@ def test_readme_training_examples_run_as_written(lineage_run, ray_local):
     n_clips = sum(b.num_rows for b in modalign.open(lineage_run.out).aligned(unit="clip", clip_s=2.0, decode=False))
     assert scope["rd"].count() == len(scope["hf"]) == n_clips > 0
     assert "feat_pdf_roi" in scope["hf"].column_names and "video_jpeg" in scope["hf"].column_names
+
+
+def test_an_s3_out_gives_the_samples_of_the_local_one(lineage_run, out, monkeypatch, tmp_path):
+    """OUT copied object for object to s3://bucket/prefix: the same samples, also from a spawned
+    DataLoader worker (the plan travels with the store's layout, not with a path)."""
+    from torch.utils.data import DataLoader
+
+    from s3server import s3_server, use_aws_env
+
+    with s3_server(tmp_path / "s3") as server:
+        use_aws_env(monkeypatch, server)
+        client = server.client()
+        for p in sorted(lineage_run.out.rglob("*")):
+            rel = p.relative_to(lineage_run.out)
+            if p.is_file() and rel.parts[0] != "cache":  # the feature cache is no part of a commit
+                client.upload_file(str(p), server.bucket, f"run/{rel.as_posix()}")
+        s3out = modalign.open(f"s3://{server.bucket}/run")
+        args = dict(unit="clip", clip_s=1.0, decode=False, features=True)
+        got = [r for b in s3out.aligned(**args) for r in rows_of(b)]
+        assert got == [r for b in out.aligned(**args) for r in rows_of(b)] and got
+        args = dict(unit="clip", clip_s=2.0, decode=False, modalities=["audio", "pdf"])
+        loader = DataLoader(s3out.torch_dataset(**args), batch_size=None, num_workers=1, multiprocessing_context="spawn")
+        keys = [(s["session_id"], s["sample_index"], round(float(s["audio_mfcc"].sum()), 3)) for s in loader]
+        assert keys == [(s["session_id"], s["sample_index"], round(float(s["audio_mfcc"].sum()), 3))
+                        for s in out.torch_dataset(**args)] and keys
