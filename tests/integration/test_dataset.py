@@ -366,3 +366,23 @@ def test_an_s3_out_gives_the_samples_of_the_local_one(lineage_run, out, monkeypa
         keys = [(s["session_id"], s["sample_index"], round(float(s["audio_mfcc"].sum()), 3)) for s in loader]
         assert keys == [(s["session_id"], s["sample_index"], round(float(s["audio_mfcc"].sum()), 3))
                         for s in out.torch_dataset(**args)] and keys
+
+
+def test_the_export_command(out, lineage_run, tmp_path, capsys):
+    from modalign.pipeline.cli import main
+
+    sessions = sorted(out.snapshot.sessions)
+    seed = _seed_with_two_splits(sessions)
+    dest = tmp_path / "shards"
+    assert main(["export", str(lineage_run.out), "--format", "webdataset", "--clip-s", "2", "--out", str(dest),
+                 "--split", "0.5,0.5", "--seed", str(seed), "--modalities", "audio,pdf", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary == json.loads((dest / "export.json").read_text())
+    assert {n: v["sessions"] for n, v in summary["splits"].items()} == assign_splits(sessions, [0.5, 0.5], seed)
+    assert sorted(p.name for p in dest.glob("*.tar")) == sorted(f for v in summary["splits"].values() for f in v["files"])
+    n = sum(b.num_rows for b in out.aligned(unit="clip", clip_s=2.0, modalities=["audio", "pdf"], decode=False))
+    assert sum(v["samples"] for v in summary["splits"].values()) == n > 0
+    # an export folder inside OUT is refused before anything is written
+    assert main(["export", str(lineage_run.out), "--format", "parquet", "--clip-s", "2",
+                 "--out", str(lineage_run.out / "shards")]) == 1
+    assert "inside OUT" in capsys.readouterr().err and not (lineage_run.out / "shards").exists()
