@@ -52,6 +52,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from modalign.operators.align.ticks import TickGrid
+from modalign.pipeline.layout import safe_name
 from modalign.schemas.errors import ConfigError
 from modalign.schemas.tables import FeatureRow, MfccRow, RecordRow, TextBlockRow, VideoFrameRow
 from modalign.schemas.units import NS_PER_MS, NS_PER_S
@@ -592,8 +593,9 @@ def _events(ctx: Context, files: list[str], m: str, src: str | None, lo: int, hi
             flt: Any = None) -> pa.Table | None:
     if src is None:
         return None
-    rels = [f for f in _table_files(files, EVENT_TABLES[m])
-            if (ctx.footer(f).source_id in (None, src)) and _overlap(ctx.footer(f), lo, hi)]
+    prefix = safe_name(src) + "-"  # events/M/SESSION/SOURCE-ATTEMPT-PART.parquet: other sources' footers unread
+    rels = [f for f in _table_files(files, EVENT_TABLES[m]) if f.rsplit("/", 1)[-1].startswith(prefix)
+            and ctx.footer(f).source_id in (None, src) and _overlap(ctx.footer(f), lo, hi)]
     base = pc.field("source_id") == src
     t = _read(ctx, rels, columns + (["quality"] if m in ctx.quality else []), base if flt is None else base & flt)
     return t
