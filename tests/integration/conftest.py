@@ -3,7 +3,8 @@
 ``lineage_run``: one real pipeline run (a few seconds of Ray work) that the lineage tests
 share: ``test_lineage_queries`` (trace, access, the subject registry),
 ``test_lineage_erasure`` (erase, verify, the denylist: on copies) and
-``test_access_report_browser`` (the HTML report in chromium). Its three sessions:
+``test_access_report_browser`` and ``test_report_browser`` (the HTML pages in chromium). Its
+three sessions:
 
 - ``sample-meeting``: the generated sample (video with its own sound track, lapel audio,
   slides PDF); session subjects subject-0001 and subject-0002, so in every source.
@@ -28,6 +29,15 @@ from pathlib import Path
 import pytest
 
 MS = 1_000_000
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """One real headless Chromium (Debian's, through chromedriver) for every browser test."""
+    from browser import headless_chromium
+
+    with headless_chromium() as browser:
+        yield browser
 
 
 @dataclass(frozen=True)

@@ -15,19 +15,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from browser import WINDOW, Page, headless_chromium
+from browser import WINDOW, Page
 from modalign.pipeline.cli import main
 from modalign.pipeline.sample import PLANTED_PII, subject_id
 
 pytestmark = pytest.mark.integration
 
 S = "subject-0001"
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    with headless_chromium() as browser:
-        yield browser
 
 
 @pytest.fixture(scope="module")

@@ -23,19 +23,13 @@ import pytest
 from PIL import Image
 
 import modalign
-from browser import WINDOW, Page, headless_chromium
+from browser import WINDOW, Page
 from modalign.operators.deid.tokens import tokens_in
 from modalign.pipeline.cli import main
 from modalign.pipeline.report import FIG_WIDTH_IN, DPI, MAX_SESSIONS_PLOTTED, QUALITY_PATH
 from modalign.pipeline.sample import PLANTED_PII
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    with headless_chromium() as browser:
-        yield browser
 
 
 @pytest.fixture(scope="module")
