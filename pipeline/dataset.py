@@ -4,8 +4,9 @@ and embeddings (``modalign.open(OUT).aligned(...)``).
 Sits after the run, beside ``pipeline.outputs``: it reads only committed files (``Output.snapshot``),
 session by session and, inside a session, time chunk by time chunk (``chunk_s`` of session time), so
 memory is flat in the session's length. Every file's footer (row-group statistics of ``t_ns`` /
-``tick_index``, ``source_id``, ``modality``) says which chunk needs it; a chunk reads the few files
-that overlap it, once. The join is Ray-free and torch-free (numpy and pyarrow); the readers built on
+``tick_index``, ``source_id``, ``modality``, read once per process) says which chunks need it; a
+chunk reads only the files of its sources that overlap it (a file spanning several chunks, like a
+60 s ``records`` part, is read by each of them, filtered to the chunk). The join is Ray-free and torch-free (numpy and pyarrow); the readers built on
 it (``pipeline.readers``: Ray Data, PyTorch, Hugging Face) and ``modalign export``
 (``pipeline.export``) only hand its batches on.
 
