@@ -36,14 +36,23 @@ from modalign.schemas.tables import EmbeddingWindowRow, MonitorAlarmRow
 COLUMNS = ["model_id", "session_id", "source_id", "t_ns", "feature_id", "dim", "vector"]
 
 
-def session_windows(layout: OutputLayout, files: list[str], window: int) -> Iterator[dict[str, Any]]:
-    """The windows of one (model, granularity) group of feature files: per session in id order,
-    ``{"model_id", "session_id", "start_t_ns", "end_t_ns", "vectors": (n, dim) float32}``."""
+def read_group(layout: OutputLayout, files: list[str], columns: list[str] = COLUMNS) -> Any:
+    """The ``columns`` of one (model, granularity) group of feature files, as one Arrow table."""
     import pyarrow.dataset as ds
 
     with layout.faults(layout.path(files[0]).parent, "read"):
-        t = ds.dataset([str(layout.path(f)) for f in files], format="parquet", filesystem=layout.fs).to_table(
-            columns=COLUMNS)
+        return ds.dataset([str(layout.path(f)) for f in files], format="parquet", filesystem=layout.fs).to_table(
+            columns=columns)
+
+
+def session_windows(layout: OutputLayout, files: list[str], window: int) -> Iterator[dict[str, Any]]:
+    """The windows of one (model, granularity) group of feature files (``table_windows``)."""
+    yield from table_windows(read_group(layout, files), window)
+
+
+def table_windows(t: Any, window: int) -> Iterator[dict[str, Any]]:
+    """The windows of one group's features (a table with ``COLUMNS``): per session in id order,
+    ``{"model_id", "session_id", "start_t_ns", "end_t_ns", "vectors": (n, dim) float32}``."""
     if t.num_rows == 0:
         return
     t = t.sort_by([("session_id", "ascending"), ("t_ns", "ascending"), ("source_id", "ascending"),
@@ -78,22 +87,49 @@ def monitor_embeddings(layout: OutputLayout, feature_files: list[str], attempt: 
     """Monitor every (model, granularity) of ``feature_files`` (relative to OUT); write the tables.
 
     ``reference``/``reference_files``: another output and its committed feature files, whose
-    windows of the same group are the reference. Returns ``{"files": [...], "windows": n,
-    "alarms": {kind: n}, "streams": [per group: model_id, granularity, windows, reference]}``."""
-    summary: dict[str, Any] = {"files": [], "windows": 0, "alarms": {"embedding_drift": 0, "norm_jump": 0},
-                               "streams": []}
-    if not config.enabled:
-        return summary
-    ref_groups = layout.feature_groups(reference_files) if reference is not None else {}
-    rows, alarms = [], []
-    for (folder, gran), files in sorted(layout.feature_groups(feature_files).items()):
+    windows of the same group are the reference. Returns ``EmbeddingMonitors.finish``'s summary."""
+    monitors = EmbeddingMonitors(layout, attempt, config, reference, reference_files)
+    if config.enabled:
+        for key, files in sorted(layout.feature_groups(feature_files).items()):
+            monitors.observe_group(key, read_group(layout, files))
+    return monitors.finish()
+
+
+class EmbeddingMonitors:
+    """The monitors of one commit, fed one (model, granularity) group at a time in sorted order, so
+    that a caller who reads each group anyway (the FAISS index build) hands its table over instead
+    of reading the vectors twice; ``finish`` writes the tables."""
+
+    def __init__(self, layout: OutputLayout, attempt: str, config: EmbeddingMonitorConfig,
+                 reference: OutputLayout | None = None, reference_files: list[str] = ()) -> None:
+        self.layout, self.attempt, self.config, self.reference = layout, attempt, config, reference
+        self.ref_groups = layout.feature_groups(reference_files) if reference is not None else {}
+        self.rows: list[dict] = []
+        self.alarms: list[dict] = []
+        self.streams: list[dict] = []
+        self.seconds = 0.0  # time spent monitoring (the commit's ``monitor`` stage)
+
+    def observe_group(self, key: tuple[str, str], table: Any) -> None:
+        """Monitor one group: ``key`` = (model folder, granularity), ``table`` its features with ``COLUMNS``."""
+        import time
+
+        if not self.config.enabled:
+            return
+        t0 = time.perf_counter()
+        self._group(key, table)
+        self.seconds += time.perf_counter() - t0
+
+    def _group(self, key: tuple[str, str], table: Any) -> None:
+        (folder, gran), config, reference = key, self.config, self.reference
+        rows, alarms = self.rows, self.alarms
         monitor: DriftMonitor | None = None
         source = f"first {config.reference_windows} windows"
-        for w in session_windows(layout, files, config.window):
+        for w in table_windows(table, config.window):
             if monitor is None:
                 monitor = DriftMonitor(config, w["vectors"].shape[1])
-                if (folder, gran) in ref_groups:
-                    ref = [r["vectors"] for r in session_windows(reference, ref_groups[(folder, gran)], config.window)
+                if (folder, gran) in self.ref_groups:
+                    ref = [r["vectors"] for r in session_windows(reference, self.ref_groups[(folder, gran)],
+                                                                 config.window)
                            if r["vectors"].shape[1] == monitor.dim]
                     monitor.seed_reference(ref)
                     source = f"{len(ref)} windows of {reference.uri}"
@@ -110,15 +146,22 @@ def monitor_embeddings(layout: OutputLayout, feature_files: list[str], attempt: 
             if r.norm_alarm:
                 alarms.append({"kind": "norm_jump", **where, "value": r.mean_norm, "threshold": monitor.reference_norm})
         if monitor is not None:
-            summary["streams"].append({"model_id": rows[-1]["model_id"], "granularity": gran,
-                                       "windows": monitor.windows, "ready": monitor.ready,
-                                       "reference": source if monitor.ready else
-                                       f"{monitor.reference_windows} of {config.reference_windows} windows so far"})
-    for row_type, data in ((EmbeddingWindowRow, rows), (MonitorAlarmRow, alarms)):
-        path = layout.monitor(row_type, attempt)
-        with layout.faults(path):
-            if layout.write_table(path, rows_to_table(row_type, data)) is not None:
-                summary["files"].append(layout.relative(path))
-    summary["windows"] = len(rows)
-    summary["alarms"].update(Counter(a["kind"] for a in alarms))
-    return summary
+            self.streams.append({"model_id": rows[-1]["model_id"], "granularity": gran,
+                                 "windows": monitor.windows, "ready": monitor.ready,
+                                 "reference": source if monitor.ready else
+                                 f"{monitor.reference_windows} of {config.reference_windows} windows so far"})
+
+    def finish(self) -> dict[str, Any]:
+        """Write the tables (none when disabled); returns ``{"files": [...], "windows": n,
+        "alarms": {kind: n}, "streams": [per group: model_id, granularity, windows, reference]}``."""
+        summary: dict[str, Any] = {"files": [], "windows": len(self.rows),
+                                   "alarms": {"embedding_drift": 0, "norm_jump": 0}, "streams": self.streams}
+        if not self.config.enabled:
+            return summary
+        for row_type, data in ((EmbeddingWindowRow, self.rows), (MonitorAlarmRow, self.alarms)):
+            path = self.layout.monitor(row_type, self.attempt)
+            with self.layout.faults(path):
+                if self.layout.write_table(path, rows_to_table(row_type, data)) is not None:
+                    summary["files"].append(self.layout.relative(path))
+        summary["alarms"].update(Counter(a["kind"] for a in self.alarms))
+        return summary

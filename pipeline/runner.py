@@ -45,7 +45,8 @@ from modalign.pipeline.items import (ClockItem, DoneItem, EmbedItem, FaultItem, 
 from modalign.pipeline.layout import OutputLayout, attempt_of, storage_faults, write_fault
 from modalign.pipeline.lease import Lease
 from modalign.pipeline.metrics import Metrics
-from modalign.pipeline.monitors import monitor_embeddings, monitor_reference
+from modalign.pipeline.monitors import COLUMNS as MONITOR_COLUMNS
+from modalign.pipeline.monitors import EmbeddingMonitors, monitor_reference, read_group
 from modalign.pipeline import quality
 from modalign.pipeline.progress import Display
 from modalign.pipeline.openlineage import RunLineage
@@ -344,13 +345,12 @@ class Runner:
         self.display.stage("commit")
         with storage_faults(self.out):
             t = time.perf_counter()
-            indexes = build_indexes(self.layout, features, self.attempt)
-            self.metrics.stage("index", time.perf_counter() - t)
+            monitors = EmbeddingMonitors(self.layout, self.attempt, self.config.monitor.embedding, *self.reference)
+            indexes = build_indexes(self.layout, features, self.attempt, monitors)  # one read of the vectors
+            monitor = monitors.finish()
+            self.metrics.stage("index", time.perf_counter() - t - monitors.seconds)
+            self.metrics.stage("monitor", monitors.seconds)
             summary["indexes"] = indexes
-            t = time.perf_counter()
-            monitor = monitor_embeddings(self.layout, features, self.attempt, self.config.monitor.embedding,
-                                         *self.reference)
-            self.metrics.stage("monitor", time.perf_counter() - t)
             self.metrics.monitored(monitor)
             summary["monitor"] = {k: monitor[k] for k in ("windows", "alarms", "streams")}
             summary["counts"]["monitor_alarms"] = dict(monitor["alarms"])
@@ -981,18 +981,20 @@ def init_ray(rt: RuntimeConfig) -> int:
     return int(ray.cluster_resources().get("CPU", 1))
 
 
-def build_indexes(layout: OutputLayout, feature_files: list[str], attempt: str) -> list[dict]:
-    """One FAISS index per (model, granularity) of ``feature_files`` (relative to OUT); ids = feature_id."""
+def build_indexes(layout: OutputLayout, feature_files: list[str], attempt: str,
+                  monitors: EmbeddingMonitors | None = None) -> list[dict]:
+    """One FAISS index per (model, granularity) of ``feature_files`` (relative to OUT); ids = feature_id.
+
+    ``monitors``: handed each group's table as it is read, so the vectors are read once per commit."""
     import numpy as np
-    import pyarrow.dataset as ds
 
     from modalign.operators.cache.index import FeatureIndex
 
     built = []
     for (model, gran), files in sorted(layout.feature_groups(feature_files).items()):
-        with layout.faults(layout.path(f"features/{model}/{gran}"), "read"):
-            t = ds.dataset([str(layout.path(f)) for f in files], format="parquet", filesystem=layout.fs).to_table(
-                columns=["feature_id", "vector", "dim"])
+        t = read_group(layout, files, MONITOR_COLUMNS if monitors is not None else ["feature_id", "vector", "dim"])
+        if monitors is not None:
+            monitors.observe_group((model, gran), t)
         if t.num_rows == 0:
             continue
         dim = t.column("dim")[0].as_py()
