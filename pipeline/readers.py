@@ -108,15 +108,21 @@ def _adjacent(vals: list) -> Any:
 
 
 def collate(samples: list[dict]) -> dict:
-    """A DataLoader ``collate_fn``: tensors of one shape as one batch tensor (a view, not a copy, when
-    the samples are adjacent in one buffer), numbers as a tensor, the rest as lists."""
+    """A DataLoader ``collate_fn``: tensors of one shape as one batch tensor (in the loading process a
+    view, not a copy, when the samples are adjacent in one buffer; in a worker stacked into shared
+    memory, which is how a batch reaches the trainer), numbers as a tensor, the rest as lists."""
     import torch
+    from torch.utils.data import default_collate, get_worker_info
 
+    in_worker = get_worker_info() is not None
     out: dict[str, Any] = {}
     for k in samples[0]:
         vals = [s[k] for s in samples]
         v0 = vals[0]
         if isinstance(v0, torch.Tensor) and all(isinstance(v, torch.Tensor) and v.shape == v0.shape for v in vals):
+            if in_worker:  # stacked straight into shared memory, as torch's own collate does for a worker
+                out[k] = default_collate(vals)
+                continue
             view = _adjacent(vals)
             out[k] = view if view is not None else torch.stack(vals)
         elif isinstance(v0, (bool, int, float)) and all(type(v) is type(v0) for v in vals):
