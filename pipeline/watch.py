@@ -143,6 +143,7 @@ class Watch:
         self.busy_s = 0.0
         self.recorded_s = 0.0
         self.exit_code = EXIT_OK
+        self.quarantined: dict[str, bool] = {}  # session -> its latest accepted commit has quarantine rows
         self.view: dict[str, Any] = {}  # the last poll, as the status file shows it
         self._last_report = time.monotonic()
 
@@ -335,8 +336,7 @@ class Watch:
         version = runner.committed.version if runner.committed else None
         self.totals["batches"] += 1
         self.recorded_s += summary["counts"]["ticks"] / self.config.align.tick_hz
-        if summary["exit_code"] == EXIT_QUARANTINED and self.exit_code == EXIT_OK:
-            self.exit_code = EXIT_QUARANTINED
+        with_rows = {st.session.manifest.session_id: bool(st.quarantine) for st in runner.states}
         if self.view:  # the last poll's counts, as they are now
             self.view["ready"] -= len(batch)
             self.view["committed"] += sum(self.committed.get(c.session_id) == c.version for c, _ in batch)
@@ -345,6 +345,7 @@ class Watch:
                 self.failures.pop((c.session_id, c.version), None)
             elif not self._cut_short(c):  # redone: not committed yet
                 continue
+            self.quarantined[c.session_id] = with_rows.get(c.session_id, False)
             lag = committed_at - ready_at
             self.lags.append(lag)
             self.metrics.lag.observe(lag)
@@ -355,6 +356,9 @@ class Watch:
                                 "run_id": runner.run_id, "ready_at": _iso(ready_at), "started_at": _iso(started),
                                 "committed_at": _iso(committed_at), "lag_s": round(lag, 3),
                                 "sources": len(c.session.manifest.sources), "changed_meanwhile": changed})
+        if self.exit_code != EXIT_FAILED:  # 3 while a session's accepted commit holds quarantine rows: a
+            # session cut short by a dying worker and then redone whole no longer counts
+            self.exit_code = EXIT_QUARANTINED if any(self.quarantined.values()) else EXIT_OK
         self.progress(f"watch: commit {version}: {', '.join(c.session_id for c, _ in batch)} "
                       f"(lag {', '.join(f'{committed_at - r:.1f} s' for _, r in batch)}); " + self._figures_text())
         self._last_report = time.monotonic()

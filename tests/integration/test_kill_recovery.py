@@ -122,14 +122,15 @@ def _keys(clean: tuple[Path, dict[str, Counter]]) -> Path:
     return clean[0].parent / "keys"
 
 
-def _start(inp: Path, out: Path, keys: Path, **config_sections: dict) -> subprocess.Popen:
-    """``modalign run`` in a process of its own, with one ingest actor (so the kill hits a known source)
-    unless ``config_sections`` say otherwise."""
+def _start(inp: Path, out: Path, keys: Path, command: tuple[str, ...] = ("run",),
+           **config_sections: dict) -> subprocess.Popen:
+    """``modalign run`` (or ``command``: a watch) in a process of its own, with one ingest actor (so the
+    kill hits a known source) unless ``config_sections`` say otherwise."""
     config = keys.parent / f"config-{time.monotonic_ns()}.json"
     config.write_text(json.dumps({"runtime": {"num_cpus": 2, "ingest_actors": 1}, **config_sections}))
     env = dict(os.environ, MODALIGN_KEY_STORE=str(keys), PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "modalign.pipeline.cli", "run", str(inp), "--out", str(out), "--config", str(config),
-           "--json"]
+    cmd = [sys.executable, "-m", "modalign.pipeline.cli", command[0], str(inp), "--out", str(out), "--config",
+           str(config), "--json", *command[1:]]
     log = keys.parent / f"run-{time.monotonic_ns()}.log"  # a file, not a pipe: a full pipe would block the run
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=f, start_new_session=True)
@@ -308,6 +309,24 @@ def test_sigkill_of_the_ingest_actor_cuts_one_source_short_and_retries_the_rest(
     # The next run re-ingests it: the same output as a clean run.
     rerun = _start(session, out, _keys(clean))
     assert rerun.wait(timeout=600) == 0, _stderr(rerun)[-3000:]
+    _assert_same(expected, out)
+    _on_disk_is_committed(out)
+
+
+def test_a_watch_redoes_a_session_cut_short_by_a_dying_ingest_actor_and_exits_clean(clean, session, tmp_path):
+    """The watch commits the cut-short session (its quarantine row says so), redoes it whole on the
+    restarted actor, and exits 0: the accepted commit holds no quarantine row any more."""
+    out0, expected = clean
+    out = tmp_path / "out"
+    watch = _start(session.parent, out, _keys(clean), command=("watch", "--once", "--settle", "0", "--interval", "1"))
+    _wait_for(lambda: (out / "events" / "video").is_dir() and _new_parts(out, set(), "events/video"),
+              what="the video's first events part")
+    _kill(_wait_for(lambda: _actor(watch, "IngestActor"), what="the ingest actor"))
+    rc = watch.wait(timeout=600)
+    stderr = _stderr(watch)
+    assert "session kill was cut short by a dying worker (attempt 1 of 3); it is redone" in stderr, stderr[-3000:]
+    assert rc == 0, stderr[-3000:]
+    assert modalign.open(out).table("quarantine").to_table().num_rows == 0
     _assert_same(expected, out)
     _on_disk_is_committed(out)
 
