@@ -165,3 +165,16 @@ def headless_chromium(window: tuple[int, int] = WINDOW) -> Iterator[Browser]:
         yield Browser(driver)
     finally:
         driver.quit()
+
+
+def screenshot_pixels(page: "Page") -> Any:
+    """The page's screenshot as grey levels (float32, one per pixel), after checking that it is a
+    PNG of exactly the page's content size."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(page.screenshot) as im:
+        assert im.format == "PNG"
+        im.load()
+        assert im.size == page.content_size
+        return np.asarray(im.convert("L"), dtype=np.float32)

@@ -11,11 +11,9 @@ from __future__ import annotations
 import json
 import re
 
-import numpy as np
 import pytest
-from PIL import Image
 
-from browser import WINDOW, Page
+from browser import WINDOW, Page, screenshot_pixels
 from modalign.pipeline.cli import main
 from modalign.pipeline.sample import PLANTED_PII, subject_id
 
@@ -72,11 +70,7 @@ def test_the_page_is_self_contained_quiet_and_its_images_decode(page, reports):
 
 
 def test_the_screenshot_is_the_whole_page_and_not_blank(page):
-    with Image.open(page.screenshot) as im:
-        assert im.format == "PNG"
-        im.load()
-        assert im.size == page.content_size
-        pixels = np.asarray(im.convert("L"), dtype=np.float32)
+    pixels = screenshot_pixels(page)
     width, height = page.content_size
     assert page.viewport == WINDOW
     assert width == WINDOW[0], "the page is wider than the window: a long value overflows (scrolls sideways)"

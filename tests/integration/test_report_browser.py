@@ -23,7 +23,7 @@ import pytest
 from PIL import Image
 
 import modalign
-from browser import WINDOW, Page
+from browser import WINDOW, Page, screenshot_pixels
 from modalign.operators.deid.tokens import tokens_in
 from modalign.pipeline.cli import main
 from modalign.pipeline.report import FIG_WIDTH_IN, DPI, MAX_SESSIONS_PLOTTED, QUALITY_PATH
@@ -95,11 +95,7 @@ def test_the_page_is_self_contained_quiet_and_every_plot_decodes(page, report, o
 
 
 def test_the_screenshot_is_the_whole_page_and_not_blank(page):
-    with Image.open(page.screenshot) as im:
-        assert im.format == "PNG"
-        im.load()
-        assert im.size == page.content_size
-        pixels = np.asarray(im.convert("L"), dtype=np.float32)
+    pixels = screenshot_pixels(page)
     assert page.viewport == WINDOW
     assert page.content_size[0] == WINDOW[0], "the page is wider than the window: something overflows"
     assert page.expanded_width == WINDOW[0], "with the long tables opened, something overflows the window"
