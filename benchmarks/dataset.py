@@ -129,6 +129,9 @@ def child(mode: str, out_path: str) -> dict:
     import modalign
     from modalign.pipeline.readers import collate
 
+    # One intra-op thread in every mode, as torch gives each DataLoader worker: torch.stack (the hand
+    # loop's collate) with OpenMP threads on a busy 2-core machine spins, 10x slower than with one.
+    torch.set_num_threads(1)
     t0 = time.monotonic()
     if mode == "hand":
         batches = _batches(hand_samples(out_path))

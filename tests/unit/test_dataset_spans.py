@@ -102,3 +102,58 @@ def test_bad_split_fractions(text):
     with pytest.raises((ConfigError, ValueError)):
         parse_split(text)
     assert parse_split("0.9,0.1") == [0.9, 0.1]
+
+
+# -- frame decoding ----------------------------------------------------------------------------
+
+def _jpeg(img: np.ndarray, **kw) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format="JPEG", **kw)
+    return buf.getvalue()
+
+
+def _photo(h: int = 360, w: int = 640) -> np.ndarray:
+    """A real photograph (skimage's astronaut) resized to a video frame: smooth skin and sharp edges."""
+    from PIL import Image
+    from skimage import data
+
+    return np.asarray(Image.fromarray(data.astronaut()).resize((w, h), Image.BILINEAR))
+
+
+@pytest.mark.parametrize("kw", [dict(quality=85), dict(quality=95, subsampling=0), dict(quality=60, subsampling=2)])
+def test_the_fast_decoder_gives_pillows_pixels(kw):
+    from modalign.pipeline.dataset import _Decoder, _decode_pil
+
+    data = _jpeg(_photo(), **kw)
+    dec = _Decoder()
+    first = dec(data, (360, 640))  # the parity check: decoded both ways
+    assert dec.checked and dec.use_cv2, "OpenCV and Pillow disagree on this libjpeg build"
+    ref = _decode_pil(data, (360, 640))
+    assert np.array_equal(first, ref) and np.array_equal(dec(data, (360, 640)), ref)
+    gray = _jpeg(_photo()[:, :, 1])  # a 1-channel JPEG comes out RGB, channels equal, as Pillow gives it
+    assert np.array_equal(dec(gray, (360, 640)), _decode_pil(gray, (360, 640)))
+    assert dec(data, (180, 320)).shape == (180, 320, 3)  # another size: Pillow's resize
+    assert np.array_equal(dec(data, (180, 320)), _decode_pil(data, (180, 320)))
+
+
+def test_a_decoder_that_disagrees_with_pillow_is_never_used(monkeypatch):
+    from modalign.pipeline.dataset import _Decoder, _decode_pil
+
+    dec = _Decoder()
+    real = dec._cv
+    calls = []
+
+    def off_by_one(data):  # another libjpeg's rounding, say
+        calls.append(1)
+        return real(data) ^ np.uint8(1)
+
+    monkeypatch.setattr(dec, "_cv", off_by_one)
+    data = _jpeg(_photo())
+    ref = _decode_pil(data, (360, 640))
+    assert np.array_equal(dec(data, (360, 640)), ref)
+    assert dec.checked and not dec.use_cv2 and calls == [1]
+    assert np.array_equal(dec(data, (360, 640)), ref) and calls == [1]  # Pillow from then on
