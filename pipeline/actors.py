@@ -165,19 +165,20 @@ class EmbedActor:
 
 @dataclass
 class ActorPool:
-    """The ingest actors and the embed actor of a run, or of a watch's whole life.
+    """The ingest actors and the embed actors of a run, or of a watch's whole life.
 
     ``ready`` starts the actors if there are none (their constructors load the models the
     run needs), or tells the running ones the new run's attempt and what it needs beyond
     what they loaded; it returns once every actor has answered. ``close`` kills them.
+    ``embedder_for(i)`` is the embed actor that ingest actor ``i`` hands its payloads to.
     """
 
     ingest: list = field(default_factory=list)
-    embedder: Any = None
+    embedders: list = field(default_factory=list)
     runs: int = 0  # runs served so far
 
     def ready(self, config: RunConfig, out_root: str, key_store_dir: str, attempt: str, n_ingest: int,
-              embed_options: dict, chains: list[tuple[str, str]]) -> float:
+              embed_options: dict, chains: list[tuple[str, str]], n_embed: int = 1) -> float:
         """Make the pool ready for a run; returns the seconds until every actor answered.
 
         A warm pool whose actors cannot answer any more (restarts used up in an earlier run of
@@ -185,14 +186,15 @@ class ActorPool:
         t = time.perf_counter()
         modalities = sorted({m for m, _tenant in chains})
         for fresh in (False, True):
-            if self.embedder is None:
+            if not self.embedders:
                 cfg_json = config.model_dump_json()
                 self.ingest = [IngestActor.options(num_cpus=1).remote(cfg_json, out_root, key_store_dir, chains)
                                for _ in range(n_ingest)]
-                self.embedder = EmbedActor.options(**embed_options).remote(cfg_json, out_root, attempt, modalities)
+                self.embedders = [EmbedActor.options(**embed_options).remote(cfg_json, out_root, attempt, modalities)
+                                  for _ in range(max(1, n_embed))]
             try:
                 ray.get([a.warm.remote(chains) for a in self.ingest] +
-                        [self.embedder.begin.remote(attempt, modalities)])
+                        [e.begin.remote(attempt, modalities) for e in self.embedders])
                 break
             except ray.exceptions.RayActorError:
                 if fresh or self.runs == 0:  # a fresh pool that cannot start: the machine's problem
@@ -201,10 +203,15 @@ class ActorPool:
         self.runs += 1
         return time.perf_counter() - t
 
+    def embedder_for(self, ingest_index: int) -> Any:
+        """The embed actor of ingest actor ``ingest_index``: the ingest actors in turn, so each embed
+        actor serves as many (a source's payloads all go to one, which keeps its cache hits there)."""
+        return self.embedders[ingest_index % len(self.embedders)]
+
     def actors(self) -> list:
-        return [*self.ingest, *([self.embedder] if self.embedder is not None else [])]
+        return [*self.ingest, *self.embedders]
 
     def close(self) -> None:
         for a in self.actors():
             ray.kill(a)
-        self.ingest, self.embedder = [], None
+        self.ingest, self.embedders = [], []

@@ -8,6 +8,7 @@ still saves repeated content within a run, and a re-run recomputes its features.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -83,7 +84,7 @@ class Embedder:
             files.append(self.layout.relative(path))
             counts[gran] = sub.num_rows
         return {"rows": feats.num_rows, "model_id": model_id, "granularities": counts, "files": files,
-                "modality": modality, "seconds": time.perf_counter() - started}
+                "modality": modality, "seconds": time.perf_counter() - started, "pid": os.getpid()}
 
     def flush(self) -> dict:
         """Persist new cache entries; returns hit/miss counts per granularity."""

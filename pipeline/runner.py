@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 import pyarrow.compute as pc
 
+from modalign.operators.cache.store import merge_stats as merge_cache_stats
 from modalign.operators.modalities import PLANS, plan_for
 from modalign.pipeline.commits import CommitLog, Snapshot, sweep
 from modalign.pipeline.discovery import ObjectPath, Session, discover_input
@@ -160,6 +161,7 @@ class Runner:
         self._stop = threading.Event()  # set when the run must stop (an environment fault, a lost lease)
         self._stopped_by: ModalignError | None = None
         self.counts: Counter = Counter()
+        self.embed_batches: Counter = Counter()  # embed actor pid -> payload batches it embedded
         self.lineage = RunLineage(config.openlineage, self.layout, self.run_id)  # OpenLineage events
         self.denylist = Denylist()  # the committed denylist of OUT, read once the lease is held
         self.committed: Snapshot | None = None  # the commit this run made
@@ -228,7 +230,7 @@ class Runner:
 
         import ray
 
-        from modalign.operators.embed.device import embed_actor_resources
+        from modalign.operators.embed.device import embed_actor_count, embed_actor_resources
         from modalign.pipeline.actors import ActorPool, AlignerActor
 
         started = time.time()
@@ -258,7 +260,8 @@ class Runner:
             rejected = sum(len(st.quarantine) for st in self.states)  # sources refused before any work
             self.display.run_started(len(sessions), len(jobs) + rejected, rejected)
 
-            gpu = embed_actor_resources(self.config.embed.device, ray.cluster_resources().get("GPU", 0))
+            cluster_gpus = ray.cluster_resources().get("GPU", 0)
+            gpu = embed_actor_resources(self.config.embed.device, cluster_gpus)
             # The ingest actors take every CPU, so an embed actor asking for one would never be
             # scheduled on a single machine (2 CPUs: two 1-CPU ingest actors leave none). Ray's CPU
             # count is a scheduling token, not a limit: on the CPU the embedder asks for none and
@@ -266,9 +269,11 @@ class Runner:
             # ingest actor would otherwise leave a reserved core idle); with a GPU, the GPU is what
             # it is scheduled on, plus a CPU to feed it when the ingest actors leave one over.
             embed_options = {"num_cpus": 1 if gpu and cpus > n_ingest else 0, **gpu}
+            n_embed = embed_actor_count(gpu, cluster_gpus, n_ingest, self.config.runtime.embed_actors)
             chains = sorted({(plan_for(j.spec.modality).name, j.tenant) for _st, j in jobs})
             self.timing["actors_ready_s"] = round(pool.ready(self.config, str(self.out), str(self.key_store),
-                                                             self.attempt, n_ingest, embed_options, chains), 3)
+                                                             self.attempt, n_ingest, embed_options, chains,
+                                                             n_embed), 3)
             self.display.stage("ingest")
             t = time.perf_counter()
             jobs = self._split(jobs, pool.ingest)
@@ -282,9 +287,10 @@ class Runner:
             def ingest_on_a_free_actor(st: _SessionState, job: SourceJob) -> None:
                 actor = free.get()  # never waits long: as many threads as actors
                 part = job.range.index if job.range is not None else 0
-                self.ingested_by[(job.session_id, job.spec.id, part)] = pool.ingest.index(actor)
+                index = pool.ingest.index(actor)
+                self.ingested_by[(job.session_id, job.spec.id, part)] = index
                 try:
-                    self._ingest_one(st, job, actor, pool.embedder)
+                    self._ingest_one(st, job, actor, pool.embedder_for(index))
                 finally:
                     free.put(actor)
 
@@ -317,7 +323,7 @@ class Runner:
                 self.lineage.session_done(sid, st.lineage, st.files)
                 self.progress(f"align {sid}: {align[sid]['ticks']} ticks, {align[sid]['gaps']} gaps, "
                               f"{align[sid]['drift_alarms']} drift alarm(s)")
-            cache_stats = self._get(pool.embedder.flush.remote(), "the embed actor")
+            cache_stats = merge_cache_stats(self._get([e.flush.remote() for e in pool.embedders], "the embed actor"))
             self.metrics.cache_stats(cache_stats)
             self.timing["processing_s"] = round(time.perf_counter() - t, 3)
         finally:  # a failed run must not leave actors (and their models) behind; a watch keeps its pool
@@ -328,6 +334,10 @@ class Runner:
         self._raise_if_halted()
         summary = self._summary(sessions, align, cache_stats, time.time() - started)
         summary["timing"] = dict(self.timing)
+        # how the work spread: payload batches each embed actor embedded (most first; a restarted
+        # actor counts as another)
+        summary["actors"] = {"ingest": n_ingest, "embed": n_embed,
+                             "embed_batches": sorted(self.embed_batches.values(), reverse=True)}
         return summary
 
     # -- the commit --------------------------------------------------------------------
@@ -875,6 +885,8 @@ class Runner:
             if isinstance(r, dict) and "granularities" in r:
                 self.display.embed_done()
                 with self._lock:
+                    if "pid" in r:
+                        self.embed_batches[r["pid"]] += 1
                     self.metrics.embedded(r)
                     for g, n in r["granularities"].items():
                         self.counts[f"features_{g}"] += n

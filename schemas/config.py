@@ -168,6 +168,10 @@ class RuntimeConfig(_Strict):
     address: str | None = Field(None, description="Ray address; None starts a local Ray")
     num_cpus: int | None = Field(None, ge=1, le=4096, description="local Ray only; default: all cores")
     ingest_actors: int | None = Field(None, ge=1, le=4096, description="default: the cluster's CPUs (the embed actor takes none on a CPU-only cluster)")
+    embed_actors: int | None = Field(
+        None, ge=1, le=1024,
+        description="default: one per GPU of the cluster when the encoders use GPUs; on CPUs one per "
+                    "4 ingest actors (an embed actor does about a quarter of an ingest actor's work), at least one")
     max_in_flight: int = Field(4, ge=1, le=1024, description="downstream calls (align, embed) in flight per source stream")
     ray_temp_dir: Path | None = Field(
         None, description="local Ray only: session, log and spill folder "

@@ -392,6 +392,30 @@ class FeatureCache:
 ROW_GROUP_BYTES = 8 << 20
 
 
+def merge_stats(stats: Iterable[dict]) -> dict:
+    """The ``FeatureCache.stats`` of several processes sharing one cache folder (a run's embed
+    actors) as one: hits, misses and in-memory counts summed, the hit rate of the sums; the folder's
+    persisted entries and segments are the largest any of them saw (they count the same files)."""
+    stats = list(stats)
+    hits: dict[str, int] = {}
+    misses: dict[str, int] = {}
+    for st in stats:
+        for g, n in st.get("hits", {}).items():
+            hits[g] = hits.get(g, 0) + n
+        for g, n in st.get("misses", {}).items():
+            misses[g] = misses.get(g, 0) + n
+    total_h, total_m = sum(hits.values()), sum(misses.values())
+    return {
+        "hits": hits,
+        "misses": misses,
+        "hit_rate": (total_h / (total_h + total_m)) if (total_h + total_m) else None,
+        "memory_items": sum(st.get("memory_items", 0) for st in stats),
+        "pending_items": sum(st.get("pending_items", 0) for st in stats),
+        "persisted_items": max((st.get("persisted_items", 0) for st in stats), default=0),
+        "segments": max((st.get("segments", 0) for st in stats), default=0),
+    }
+
+
 def _new_segment_path(folder: Path) -> Path:
     return folder / f"cache-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet"
 

@@ -6,10 +6,11 @@ of an actor runs on the same device and gives the same numbers. Host-to-GPU copi
 through pinned memory with ``non_blocking=True`` (``to_device``), so the copy of one batch
 overlaps the GPU work queued before it.
 
-``embed_actor_resources`` is what the pipeline passes to the embed actor's
+``embed_actor_resources`` is what the pipeline passes to each embed actor's
 ``.options(...)``: one GPU when the cluster (or this machine) has one and the config does
 not force the CPU, nothing otherwise (torch is then never imported by the caller when
-the cluster's GPU count is given).
+the cluster's GPU count is given). ``embed_actor_count`` is how many it starts: one per GPU,
+or on CPUs one per four ingest actors.
 """
 
 from __future__ import annotations
@@ -62,6 +63,20 @@ def to_device(tensor: Any, device: str) -> Any:
     if tensor.device.type == "cpu" and not tensor.is_pinned():
         tensor = tensor.pin_memory()
     return tensor.to(device, non_blocking=True)
+
+
+INGEST_PER_EMBED_CPU = 4  # on CPUs, ingest actors per embed actor: an ingest actor does about 4x the work
+
+
+def embed_actor_count(resources: dict, cluster_gpus: float, n_ingest: int, configured: int | None = None) -> int:
+    """How many embed actors a run starts: ``configured`` if set; else one per whole GPU of the
+    cluster when ``resources`` (``embed_actor_resources``) asks for a GPU; else, on CPUs, one per
+    ``INGEST_PER_EMBED_CPU`` ingest actors. At least one."""
+    if configured is not None:
+        return max(1, configured)
+    if resources.get("num_gpus"):
+        return max(1, int(cluster_gpus))
+    return max(1, n_ingest // INGEST_PER_EMBED_CPU)
 
 
 def embed_actor_resources(device: str = "auto", cluster_gpus: float | None = None) -> dict:

@@ -1,5 +1,6 @@
 """Every core: a session's sources, and the ranges of its video, go to whichever ingest actor is
-free, and two actors commit exactly what one does; run.json reports start-up apart from processing."""
+free, each ingest actor's payloads to its embed actor, and two actors of each kind commit exactly
+what one does; run.json reports start-up apart from processing."""
 
 from __future__ import annotations
 
@@ -26,9 +27,11 @@ def _rows(out, folder: str) -> Counter:
 
 
 def test_two_ingest_actors_share_the_sources_and_commit_what_one_does(ray_local, sample_manifest, tmp_path):
+    """1 ingest actor and 1 embed actor, then 2 and 2: the same rows."""
     outs, runners = {}, {}
     for n in (1, 2):  # the 6 s video cut at its keyframes 2 and 4 s in: three ranges
-        cfg = RunConfig(key_store=tmp_path / "keys", runtime={"ingest_actors": n}, ingest={"video": {"range_s": 2.0}})
+        cfg = RunConfig(key_store=tmp_path / "keys", runtime={"ingest_actors": n, "embed_actors": n},
+                        ingest={"video": {"range_s": 2.0}})
         runners[n] = Runner(cfg, tmp_path / f"out{n}")
         runners[n].run(sample_manifest)
         outs[n] = tmp_path / f"out{n}"
@@ -50,6 +53,11 @@ def test_two_ingest_actors_share_the_sources_and_commit_what_one_does(ray_local,
     assert [(h["method"], h["count"]) for h in room["deid"]] == [(h["method"], h["count"]) for h in one_row["deid"]]
 
     run = json.loads((outs[2] / "run.json").read_text())
+    # each ingest actor handed its payloads to its own embed actor, and both embedded some
+    (a, b) = run["actors"]["embed_batches"]
+    assert run["actors"]["ingest"] == run["actors"]["embed"] == 2 and a >= b > 0
+    one_run = json.loads((outs[1] / "run.json").read_text())["actors"]
+    assert one_run["embed"] == 1 and one_run["embed_batches"] == [a + b]  # the same batches, on one actor
     timing = run["timing"]
     assert set(timing) == {"ray_start_s", "actors_ready_s", "processing_s", "commit_s"}
     assert all(v >= 0 for v in timing.values()) and timing["actors_ready_s"] > 0 and timing["processing_s"] > 0

@@ -527,6 +527,32 @@ def test_embed_actor_resources():
     assert to_device(t, "cpu") is t
 
 
+def test_embed_actors_scale_with_the_gpus_or_the_ingest_actors():
+    from modalign.operators.embed.device import embed_actor_count
+
+    gpu = {"num_gpus": 1}
+    assert embed_actor_count(gpu, cluster_gpus=4, n_ingest=64) == 4  # one per GPU
+    assert embed_actor_count(gpu, cluster_gpus=1.5, n_ingest=2) == 1  # whole GPUs only
+    assert embed_actor_count({}, cluster_gpus=0, n_ingest=2) == 1  # this machine: 2 cores, one embedder
+    assert embed_actor_count({}, cluster_gpus=0, n_ingest=16) == 4  # CPUs: one per 4 ingest actors
+    assert embed_actor_count({}, cluster_gpus=4, n_ingest=16) == 4  # device: cpu on a GPU cluster
+    assert embed_actor_count(gpu, cluster_gpus=8, n_ingest=2, configured=3) == 3  # runtime.embed_actors
+
+
+def test_cache_stats_of_several_embed_actors_add_up():
+    from modalign.operators.cache.store import FeatureCache, merge_stats
+
+    a, b = FeatureCache(), FeatureCache()
+    a.record("frame", hit=True, n=3)
+    a.record("frame", hit=False)
+    b.record("frame", hit=False, n=2)
+    b.record("roi", hit=True)
+    m = merge_stats([a.stats(), b.stats()])
+    assert m["hits"]["frame"] == 3 and m["misses"]["frame"] == 3 and m["hits"]["roi"] == 1
+    assert m["hit_rate"] == pytest.approx(4 / 7)
+    assert merge_stats([a.stats()]) == {k: v for k, v in a.stats().items()}
+
+
 needs_cuda = pytest.mark.skipif(
     not __import__("torch").cuda.is_available(), reason="needs CUDA (runs on a GPU machine)")
 
