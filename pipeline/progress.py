@@ -48,11 +48,15 @@ class StreamProgress:
     events: int = 0
     pages: set[int] = field(default_factory=set)  # documents: distinct page start times
     done: bool = False
+    planned_s: float | None = None  # its length as planned before it started (a video's range)
+    opened: bool = False  # its worker has started it (a planned range has not, yet)
 
     @property
     def total_s(self) -> float | None:
-        if self.modality not in MEDIA or self.end_ns is None or self.start_ns is None:
+        if self.modality not in MEDIA:
             return None
+        if self.end_ns is None or self.start_ns is None:
+            return self.planned_s
         return max(0.0, (self.end_ns - self.start_ns) / 1e9)
 
     @property
@@ -94,16 +98,25 @@ class RunProgress:
             self.first_media_at: float | None = None
 
     # -- fed by the runner ------------------------------------------------------------------
+    def plan(self, key: str, modality: str, seconds: float) -> StreamProgress:
+        """A stream known before it starts (the ranges of a cut video), so the total counts it."""
+        with self._lock:
+            s = self.streams.setdefault(key, StreamProgress(key, modality))
+            s.planned_s = seconds
+            return s
+
     def open(self, key: str, modality: str, end_ns: int | None) -> StreamProgress:
         with self._lock:
             s = self.streams.setdefault(key, StreamProgress(key, modality))
             s.end_ns = end_ns
+            s.opened = True
             return s
 
     def advance(self, key: str, modality: str, events: int, t_min_ns: int | None, t_max_ns: int | None,
                 starts: list[int] | None = None) -> StreamProgress:
         with self._lock:
             s = self.streams.setdefault(key, StreamProgress(key, modality))
+            s.opened = True
             s.events += events
             if t_min_ns is not None:
                 s.start_ns = t_min_ns if s.start_ns is None else min(s.start_ns, t_min_ns)
@@ -181,7 +194,7 @@ class RunProgress:
                     "pages": int(units["pages"]), "embed_batches": self.embed_submitted,
                     "embed_done": self.embed_done, "sessions": self.sessions, "sessions_aligned": self.aligned,
                     "eta_s": None if eta is None else round(eta, 1),
-                    "streams": sorted(k for k, s in self.streams.items() if not s.done)}
+                    "streams": sorted(k for k, s in self.streams.items() if s.opened and not s.done)}
 
 
 class Display:
@@ -201,6 +214,10 @@ class Display:
     def run_started(self, sessions: int, sources: int, quarantined: int = 0) -> None:
         self.state.reset(sessions, sources, quarantined)
         self._changed(force=True)
+
+    def stream_planned(self, key: str, modality: str, seconds: float) -> None:
+        self.state.plan(key, modality, seconds)
+        self._changed()
 
     def stream_started(self, key: str, modality: str, end_ns: int | None) -> None:
         self.state.open(key, modality, end_ns)
@@ -363,7 +380,7 @@ class RichDisplay(Display):
             for key, s in list(self.state.streams.items()):
                 task = self._task(f"stream:{key}", f"  {key} ({s.modality})", s.total_s)
                 p.update(task, total=s.total_s, completed=s.done_s if s.total_s is not None else s.events,
-                         info=s.amount(), visible=not s.done)
+                         info=s.amount(), visible=s.opened and not s.done)
             if final:
                 self.progress.refresh()
 

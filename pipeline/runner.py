@@ -506,6 +506,8 @@ class Runner:
                 continue
             self._ranged[(job.session_id, job.spec.id)] = _RangedSource(job, len(ranges))
             out += [(st, replace(job, range=r)) for r in ranges]
+            for r in ranges:  # the recordings' total counts every range from the start
+                self.display.stream_planned(stream_key(replace(job, range=r)), "video", r.seconds)
             self.progress(f"ingest {job.session_id}/{job.spec.id} (video): {len(ranges)} ranges of about "
                           f"{self.config.ingest.video.range_s:g} s, decoded at once")
         return out

@@ -222,6 +222,17 @@ class VideoRange:
     def local_ns(self, pts: int) -> int:
         return pts_to_ns(pts, Fraction(*self.time_base))
 
+    @property
+    def seconds(self) -> float:
+        """About how much of the video this range outputs (from its first owned frame to the next
+        range's first, or to its last packet), for progress displays."""
+        owned = [p for p in self.pts if (self.start_pts is None or p >= self.start_pts)
+                 and (self.end_pts is None or p < self.end_pts)]
+        if not owned:
+            return 0.0
+        end = self.end_pts if self.end_pts is not None else max(owned)
+        return max(0.0, (self.local_ns(end) - self.local_ns(min(owned))) / 1e9)
+
     def index_of(self, pts: int) -> int:
         """The frame index of the frame at ``pts`` (as counted by a decode from the start)."""
         return self.first_index + int(np.searchsorted(np.asarray(self.pts, dtype=np.int64), pts))

@@ -67,6 +67,38 @@ def test_a_finished_stream_counts_whole_and_eta_is_zero_at_the_end():
     assert p.eta_s() == 0.0
 
 
+def test_the_ranges_of_a_cut_video_count_in_the_total_before_they_start():
+    """A 90 s video cut into 3 ranges on 1 actor: the total is 90 s from the start, not 30 s a range at a time."""
+    d = Display()
+    d.run_started(sessions=1, sources=1)
+    for k in range(3):
+        d.stream_planned(f"s/cam range {k + 1}/3", "video", 30.0)
+    d.stream_started("s/cam range 1/3", "video", 30 * S)
+    d.stream_advanced("s/cam range 1/3", "video", 750, 0, 15 * S)
+    snap = d.state.snapshot()
+    assert snap["media_total_s"] == 90.0 and snap["media_s"] == 15.0
+    assert snap["streams"] == ["s/cam range 1/3"]  # planned ranges are not in flight
+    eta = d.state.eta_s()
+    assert eta is not None and eta > 0 and d.state.media() == (15.0, 90.0)
+    d.stream_done("s/cam range 1/3")
+    d.stream_started("s/cam range 2/3", "video", 60 * S)
+    d.stream_advanced("s/cam range 2/3", "video", 1, 30 * S, 30 * S)  # its actual span takes over
+    assert d.state.media() == (30.0, 90.0)
+
+
+def test_a_range_knows_how_much_video_it_outputs():
+    from modalign.operators.ingest.video import VideoRange
+
+    # 25 fps in a 1/12800 time base (512 ticks a frame): frames 0..99 decoded, 25..74 owned
+    pts = tuple(512 * i for i in range(100))
+    mid = VideoRange(index=1, count=3, start_pts=512 * 25, end_pts=512 * 75, decode_from_pts=0, decode_to_pts=None,
+                     first_index=0, pts=pts, before_pts=None, origin_pts=0, time_base=(1, 12800))
+    assert mid.seconds == pytest.approx(2.0)  # 50 frames
+    last = VideoRange(index=2, count=3, start_pts=512 * 75, end_pts=None, decode_from_pts=0, decode_to_pts=None,
+                      first_index=0, pts=pts, before_pts=None, origin_pts=0, time_base=(1, 12800))
+    assert last.seconds == pytest.approx(24 / 25)  # to its last frame's start
+
+
 def test_plain_lines_have_the_figures_and_no_control_codes():
     buf = io.StringIO()
     d = PlainDisplay(buf, every_s=0)
