@@ -52,7 +52,7 @@ def video_only(manifest: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--duration", type=float, default=600.0, help="seconds of video (the generator allows up to 600)")
+    ap.add_argument("--duration", type=float, default=600.0, help="seconds of video (the generator allows up to 1800)")
     ap.add_argument("--keep", type=Path, default=None, metavar="DIR",
                     help="work in DIR (input, outputs, logs) and keep it; default: a temp folder, removed")
     ap.add_argument("--no-whole", action="store_true", help="skip the 1-actor run without ranges")
