@@ -56,11 +56,13 @@ class IngestActor:
     def pid(self) -> int:
         return os.getpid()
 
-    def warm(self, chains: list[tuple[str, str]]) -> None:
-        """Build the (modality, tenant) chains and set their operators up (models loaded) now."""
+    def warm(self, chains: list[tuple[str, str]]) -> int:
+        """Build the (modality, tenant) chains and set their operators up (models loaded) now;
+        returns this process's id."""
         for modality, tenant in chains:
             for op in self.worker.chain(modality, tenant):
                 op.ensure_setup()
+        return os.getpid()
 
     def video_ranges(self, job: Any) -> list:
         """The ranges ``job``'s video can be decoded in by several actors ([]: whole)."""
@@ -171,11 +173,18 @@ class ActorPool:
     run needs), or tells the running ones the new run's attempt and what it needs beyond
     what they loaded; it returns once every actor has answered. ``close`` kills them.
     ``embedder_for(i)`` is the embed actor that ingest actor ``i`` hands its payloads to.
+
+    A run never starts on an actor that Ray restarted in an earlier run (its process id is not
+    the one it started with): such an actor has fewer restarts left than its policy gives a run,
+    so a long watch whose actors die now and then would fail a session at the third death over
+    its whole life. It is replaced by a fresh one (its models loaded again) before the run.
     """
 
     ingest: list = field(default_factory=list)
     embedders: list = field(default_factory=list)
     runs: int = 0  # runs served so far
+    pids: dict = field(default_factory=dict)  # (kind, slot) -> the process id the actor started with
+    replaced: int = 0  # restarted actors replaced by fresh ones, over the pool's life
 
     def ready(self, config: RunConfig, out_root: str, key_store_dir: str, attempt: str, n_ingest: int,
               embed_options: dict, chains: list[tuple[str, str]], n_embed: int = 1) -> float:
@@ -193,8 +202,8 @@ class ActorPool:
                 self.embedders = [EmbedActor.options(**embed_options).remote(cfg_json, out_root, attempt, modalities)
                                   for _ in range(max(1, n_embed))]
             try:
-                ray.get([a.warm.remote(chains) for a in self.ingest] +
-                        [e.begin.remote(attempt, modalities) for e in self.embedders])
+                pids = self._answer(chains, attempt, modalities)
+                self._renew(pids, config, out_root, key_store_dir, attempt, embed_options, chains, modalities)
                 break
             except ray.exceptions.RayActorError:
                 if fresh or self.runs == 0:  # a fresh pool that cannot start: the machine's problem
@@ -202,6 +211,31 @@ class ActorPool:
                 self.close()
         self.runs += 1
         return time.perf_counter() - t
+
+    def _answer(self, chains: list, attempt: str, modalities: list[str]) -> dict:
+        """Every actor warmed for the run; (kind, slot) -> its process id now."""
+        pids = ray.get([a.warm.remote(chains) for a in self.ingest] +
+                       [e.begin.remote(attempt, modalities) for e in self.embedders])
+        slots = [("ingest", i) for i in range(len(self.ingest))] + [("embed", i) for i in range(len(self.embedders))]
+        return dict(zip(slots, pids))
+
+    def _renew(self, pids: dict, config: RunConfig, out_root: str, key_store_dir: str, attempt: str,
+               embed_options: dict, chains: list, modalities: list[str]) -> None:
+        """Replace the actors Ray restarted since they started (``pids``: their process ids now; see
+        the class) with fresh ones."""
+        stale = [slot for slot, pid in pids.items() if self.pids.get(slot, pid) != pid]
+        if not stale:
+            self.pids = pids  # (a fresh pool: what each actor started as)
+            return
+        cfg_json = config.model_dump_json()
+        for kind, i in stale:
+            group = self.ingest if kind == "ingest" else self.embedders
+            ray.kill(group[i])
+            group[i] = (IngestActor.options(num_cpus=1).remote(cfg_json, out_root, key_store_dir, chains)
+                        if kind == "ingest" else
+                        EmbedActor.options(**embed_options).remote(cfg_json, out_root, attempt, modalities))
+        self.replaced += len(stale)
+        self.pids = self._answer(chains, attempt, modalities)
 
     def embedder_for(self, ingest_index: int) -> Any:
         """The embed actor of ingest actor ``ingest_index``: the ingest actors in turn, so each embed
@@ -214,4 +248,4 @@ class ActorPool:
     def close(self) -> None:
         for a in self.actors():
             ray.kill(a)
-        self.ingest, self.embedders = [], []
+        self.ingest, self.embedders, self.pids = [], [], {}

@@ -271,9 +271,13 @@ class Runner:
             embed_options = {"num_cpus": 1 if gpu and cpus > n_ingest else 0, **gpu}
             n_embed = embed_actor_count(gpu, cluster_gpus, n_ingest, self.config.runtime.embed_actors)
             chains = sorted({(plan_for(j.spec.modality).name, j.tenant) for _st, j in jobs})
+            replaced = pool.replaced
             self.timing["actors_ready_s"] = round(pool.ready(self.config, str(self.out), str(self.key_store),
                                                              self.attempt, n_ingest, embed_options, chains,
                                                              n_embed), 3)
+            if pool.replaced > replaced:
+                self.progress(f"{pool.replaced - replaced} actor(s) that Ray had restarted replaced by fresh ones "
+                              "(a run starts with every actor's restarts left)")
             self.display.stage("ingest")
             t = time.perf_counter()
             jobs = self._split(jobs, pool.ingest)
