@@ -55,8 +55,18 @@ class FacePolicy(_Strict):
     min_score: float = Field(0.5, ge=0.0, le=1.0, description="detector confidence threshold")
     pad_ratio: float = Field(
         0.35, ge=0.0, le=2.0,
-        description="box padding, fraction of box size on each side (0.35: the detector's tight box grows to the "
-                    "head: forehead, chin, the ears' edge; dlib links a face by what lies around it too)",
+        description="box padding to the left and right, fraction of the detected box's width (0.35: to the ears' "
+                    "edge; dlib links a face by what lies around it too)",
+    )
+    pad_above_ratio: float = Field(
+        0.6, ge=0.0, le=2.0,
+        description="box padding above the face, fraction of the detected box's height (forehead, hair: the "
+                    "detector's box starts at the brows)",
+    )
+    pad_below_ratio: float = Field(
+        0.6, ge=0.0, le=2.0,
+        description="box padding below the face, fraction of the detected box's height (chin, jaw, neck: the "
+                    "detector's box ends at the mouth)",
     )
     blur_sigma_ratio: float = Field(0.15, gt=0.0, description="Gaussian sigma as a fraction of the box's larger side")
     temporal_window: int = Field(2, ge=0, description="a face box also covers this many frames before and after")
@@ -196,7 +206,7 @@ class DeidPolicy(_Strict):
     """Versioned de-identification policy for all modalities."""
 
     policy_id: str = Field("modalign-default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-    version: str = Field("8", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+    version: str = Field("9", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
     legal_basis: str = Field("", description="free-text note recorded with the policy")
     face: FacePolicy = FacePolicy()
     voice: VoicePolicy = VoicePolicy()

@@ -21,8 +21,12 @@ table's.
 Close grid: faces of a few pixels upscaled (100-130 px, all detail low-frequency, filling
 their crop) come out at 25-32 px of the short-range model's input on its 3x3 grid and are
 missed; on ``close_regions`` (15 square tiles of half the frame's height in 720p) they are
-seen at 36-46 px and found. It runs on every frame that is no part of a dense run (stills,
-sampled frames, a stream's last frame; 15 more short-range calls each), not in dense video,
+seen at 36-46 px and found, and on a second close grid of 0.4 of the frame's height
+(``CLOSE_SIDES``, 28 tiles in 720p: 45-58 px) those the first cut off at a tile's edge or sees
+too small (LFW faces x4-6 on vtest.avi frames: uncovered 3 -> 1 of 100; boxes on the 100
+non-face stills 1 -> 7, 5 of them on the background's pedestrians). It runs on every frame
+that is no part of a dense run (stills, sampled frames, a stream's last frame; 43 more
+short-range calls each), not in dense video,
 where it would cost ~2 ms a frame on every 6th full scan (``CLOSE_EVERY``, 0: off) against
 the 30 ms budget and gave false boxes on vtest.avi's pedestrians.
 
@@ -51,9 +55,13 @@ when both models, looking at upscaled crops of 1.5 and 2 face sides around it
 ``VERIFY_SCORE``: hands, hair and textures fire weakly and are not confirmed; weak real
 faces mostly are.
 
-Padding: each detection grows by ``FacePolicy.pad_ratio`` (0.35) of its size on every side,
-to the head: the detector's box spans brows to mouth, and dlib's descriptor links a face by
-what lies around it too (Megamind.avi: 3 frames linked at 0.25, none at 0.35).
+Padding: each detection grows to the head, ``FacePolicy.pad_ratio`` (0.35) of its width to
+each side and ``pad_above_ratio`` / ``pad_below_ratio`` (0.6) of its height above and below:
+the detector's box spans brows to mouth, the head reaches the hair above it and the chin and
+neck below, and dlib's descriptor links a face by what lies around it too (Megamind.avi: 3
+frames linked at 0.25, none at 0.35; with 0.35 above and below, the independent detectors'
+regions reaching the hair or the neck were left partly bare, in 2 of 89 frames). A closer
+look at a detection is measured on the detected face, not on its (clipped) padded box.
 
 Temporal consistency (faces fail closed): detections feed face tracks
 (``modalign.operators.deid.face_tracks``, kept across the tables of one stream, same
@@ -120,6 +128,7 @@ TILE_OVERLAP = 0.25  # fraction of a tile shared with its neighbour
 MIN_TILED_SIDE = 400  # frames whose longer side is below this are only detected whole
 SECOND_TILES = 3  # the second (short-range, 128x128 input) model's grid: faces of ~60-250 px in 720p
 CLOSE_SIDE = 0.5  # the close grid's square tiles: this fraction of the frame's shorter side (360 px in 720p)
+CLOSE_SIDES = (CLOSE_SIDE, 0.4)  # the close grids' tile sides (two scales; 0.4: 288 px in 720p)
 CLOSE_OVERLAP = 0.35  # fraction of a close tile shared with its neighbour (a 126 px face fits one whole)
 CLOSE_EVERY = 0  # dense streams: every this many full scans get the close grid (0: none; sparse frames: each)
 ZOOM_OUT = 1.5  # the zoom-out pass: the frame padded (edges repeated) to a square of this many longer sides (0: off)
@@ -333,13 +342,14 @@ class _MediapipeDetector:
         self._seen.clear()
 
     def detect_close(self, rgb: np.ndarray) -> list[tuple[float, float, float, float, float]]:
-        """Detections of the second model on the close grid (``close_regions``); none without
-        it or without tiles (``tiles = 1``: the whole frame only)."""
+        """Detections of the second model on the close grids (``close_regions`` of each of
+        ``CLOSE_SIDES``); none without it or without tiles (``tiles = 1``: the whole frame only)."""
         if self._fd2 is None or self.tiles <= 1:
             return []
         h, w = rgb.shape[:2]
         cells = change_cells(rgb) if self.reuse_levels else None
-        return [b for region in close_regions(w, h) for b in self._region(self._fd2, rgb, region, cells)]
+        regions = list(dict.fromkeys(r for side in CLOSE_SIDES for r in close_regions(w, h, side)))
+        return [b for region in regions for b in self._region(self._fd2, rgb, region, cells)]
 
     def detect_wide(self, rgb: np.ndarray) -> list[tuple[float, float, float, float, float]]:
         """The zoom-out pass: faces that fill the frame (close-ups), found by both models in the
@@ -485,7 +495,7 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
     """
 
     kind = "face_blur"
-    version = "0.9.0"
+    version = "0.10.0"
     config_model = FaceBlurConfig
 
     def __init__(self, config: FaceBlurConfig | None = None) -> None:
@@ -494,6 +504,7 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
         self._secret: bytes = b""
         self._seg: _Segment | None = None
         self._done: list[pa.Table] = []  # anonymised tables not returned yet, in stream order
+        self._faces: dict[tuple[int, int, int, int], tuple[float, ...]] = {}  # the row's padded boxes -> detected faces
 
     # -- lifecycle -----------------------------------------------------------------------
     def setup(self) -> None:
@@ -611,6 +622,7 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
     def _scan(self, seg: _Segment, row: _Row, next_t: int | None) -> None:
         """Detect (and track) the faces of ``row``; ``next_t``: the next row's time (None: last row)."""
         pol = self.config.face
+        self._faces.clear()
         scan = _tiled(row.pos, pol.tile_every, seg.scanned_t, row.t_ns, next_t)
         tiled, fine = _passes(scan, seg.flags, last=next_t is None, alternate=seg.tracks is not None,
                               light=seg.light_scans, every=pol.full_every)
@@ -685,14 +697,14 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
                 raw, closer = self._detector.detect_near(img, near), []
         except Exception:
             raise self._detection_failed(row) from None
-        boxes = _pad_clip(raw, pol.pad_ratio, img.shape[1], img.shape[0], pol.min_score)
-        for b in _pad_clip(wide, pol.pad_ratio, img.shape[1], img.shape[0], pol.min_score):
+        boxes = _pad_clip(raw, pol, img.shape[1], img.shape[0], self._faces)
+        for b in _pad_clip(wide, pol, img.shape[1], img.shape[0], self._faces):
             if not any(overlap(b, f) > 0.3 for f in boxes):
                 boxes.append(b)
                 if checked is not None:
                     checked.add(b)
         found = list(boxes)
-        for b in _pad_clip(closer, pol.pad_ratio, img.shape[1], img.shape[0], pol.min_score):
+        for b in _pad_clip(closer, pol, img.shape[1], img.shape[0], self._faces):
             # the close grid adds faces the other passes missed, each seen again up close (it
             # also fires on bodies, at up to 0.89, and such a box beside a face must not
             # replace the face's own box in its track)
@@ -711,15 +723,18 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
         )
 
     def _verified(self, row: _Row, box: BoxT) -> BoxT | None:
-        """``box`` (padded by ``pad_ratio``) if both models, on upscaled crops around it, find
+        """``box`` (a padded detection) if both models, on upscaled crops around it, find
         a face there scoring at least ``VERIFY_SCORE`` (then with that score), else None. The
         crops are ``VERIFY_REACH`` times the detected (unpadded) face's side: the short-range
         model scores a face filling 1/2 to 2/3 of its input highest (LFW faces missed by the
         grids: 0.70-0.81 there, 0.59-0.68 in a crop of 3 sides)."""
-        grown = 1 + 2 * self.config.face.pad_ratio
+        h, w = row.img.shape[:2]
+        face = _unpad(box, self.config.face)
+        if box[0] <= 0 or box[1] <= 0 or box[2] >= w or box[3] >= h:  # clipped: its padding cannot be taken off
+            face = self._faces.get(box[:4], face)
         try:
             found = [f for reach in VERIFY_REACH
-                     for f in self._detector.detect_near(row.img, [box], both=True, reach=reach / grown)]
+                     for f in self._detector.detect_near(row.img, [face], both=True, reach=reach)]
         except Exception:
             raise self._detection_failed(row) from None
         best = max((f[4] for f in found if overlap(f, box) > 0.3), default=0.0)
@@ -894,19 +909,34 @@ def _frame_times(table: pa.Table, start: int = 0, frame_ns: int = 40_000_000) ->
     return [(start + i) * frame_ns for i in range(table.num_rows)]
 
 
-def _pad_clip(raw: list[tuple[float, float, float, float, float]], pad: float, w: int, h: int, min_score: float) -> list[BoxT]:
+def _pad_clip(raw: list[tuple[float, float, float, float, float]], pol: FacePolicy, w: int, h: int,
+              faces: dict | None = None) -> list[BoxT]:
+    """Detections scoring ``pol.min_score`` grown to the head (``pad_ratio`` of their width to
+    each side, ``pad_above_ratio`` / ``pad_below_ratio`` of their height above and below),
+    clipped to the ``w`` x ``h`` frame, in whole pixels; ``faces`` gets each box's detection
+    (the face a closer look is measured on: a clipped box cannot be unpadded)."""
     out = []
     for x0, y0, x1, y1, s in raw:
-        if s < min_score:
+        if s < pol.min_score:
             continue
-        pw, ph = pad * (x1 - x0), pad * (y1 - y0)
+        pw, bh = pol.pad_ratio * (x1 - x0), y1 - y0
         bx0 = max(0, int(math.floor(x0 - pw)))
-        by0 = max(0, int(math.floor(y0 - ph)))
+        by0 = max(0, int(math.floor(y0 - pol.pad_above_ratio * bh)))
         bx1 = min(w, int(math.ceil(x1 + pw)))
-        by1 = min(h, int(math.ceil(y1 + ph)))
+        by1 = min(h, int(math.ceil(y1 + pol.pad_below_ratio * bh)))
         if bx1 > bx0 and by1 > by0:
             out.append((bx0, by0, bx1, by1, float(s)))
+            if faces is not None:
+                faces.setdefault((bx0, by0, bx1, by1), (x0, y0, x1, y1))
     return out
+
+
+def _unpad(box: BoxT, pol: FacePolicy) -> tuple[float, float, float, float]:
+    """The detected face inside a box ``_pad_clip`` padded (exact where it was not clipped)."""
+    x0, y0, x1, y1 = box[:4]
+    pw = pol.pad_ratio * (x1 - x0) / (1 + 2 * pol.pad_ratio)
+    bh = (y1 - y0) / (1 + pol.pad_above_ratio + pol.pad_below_ratio)
+    return x0 + pw, y0 + pol.pad_above_ratio * bh, x1 - pw, y1 - pol.pad_below_ratio * bh
 
 
 def _merge(boxes: list[BoxT]) -> list[BoxT]:
