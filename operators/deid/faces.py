@@ -24,7 +24,7 @@ missed; on ``close_regions`` (15 square tiles of half the frame's height in 720p
 seen at 36-46 px and found, and on a second close grid of 0.4 of the frame's height
 (``CLOSE_SIDES``, 28 tiles in 720p: 45-58 px) those the first cut off at a tile's edge or sees
 too small (LFW faces x4-6 on vtest.avi frames: uncovered 3 -> 1 of 100; boxes on the 100
-non-face stills 1 -> 7, 5 of them on the background's pedestrians). It runs on every frame
+non-face stills 1 -> 4, on the background video's pedestrians and grass). It runs on every frame
 that is no part of a dense run (stills, sampled frames, a stream's last frame; 43 more
 short-range calls each), not in dense video,
 where it would cost ~2 ms a frame on every 6th full scan (``CLOSE_EVERY``, 0: off) against
