@@ -184,6 +184,38 @@ def shard_items(items: Sequence[WorkItem], index: int, count: int) -> list[WorkI
     return list(items[index::count])
 
 
+EVEN_MODES = ("drop", "pad")
+
+
+def even_shard_items(items: Sequence[WorkItem], index: int, count: int, mode: str) -> list[WorkItem]:
+    """Shard ``index`` of ``count`` holding exactly as many samples as every other shard, for trainers
+    that must see equal batch counts on every rank (DDP hangs at the end of an epoch otherwise).
+
+    The samples, in item order, are cut into ``count`` contiguous stretches of ``T`` each, mapped back
+    onto (parts of) the items: ``drop``: ``T = N // count``, the last ``N % count`` samples (fewer than
+    ``count``) are left out; ``pad``: ``T = ceil(N / count)``, the last shard goes on from the first
+    sample again, so fewer than ``count`` samples are seen twice. Every shard is contiguous in session
+    time, so a shard reads few files."""
+    if mode not in EVEN_MODES:
+        raise ConfigError(f"even: one of {', '.join(EVEN_MODES)} or None, got {mode!r}")
+    sizes = [i.stop - i.first for i in items]
+    total = sum(sizes)
+    if total == 0:
+        return []
+    per = total // count if mode == "drop" else -(-total // count)
+    starts = np.cumsum([0, *sizes[:-1]])
+    out: list[WorkItem] = []
+    pos, end = index * per, (index + 1) * per
+    while pos < end:
+        g = pos % total
+        k = int(np.searchsorted(starts, g, side="right")) - 1
+        item, off = items[k], g - int(starts[k])
+        take = min(sizes[k] - off, end - pos)
+        out.append(WorkItem(item.session_id, item.first + off, item.first + off + take))
+        pos += take
+    return out
+
+
 def split_names(n: int) -> list[str]:
     return {1: ["train"], 2: ["train", "val"], 3: ["train", "val", "test"]}.get(n, [f"split{i}" for i in range(n)])
 

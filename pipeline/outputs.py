@@ -131,12 +131,14 @@ class Output:
         spec = AlignedSpec.make(unit, clip_s, stride_s, modalities, sessions, time_range, decode, features, **options)
         return iter_batches(context(self, spec))
 
-    def torch_dataset(self, rank: int | None = None, world_size: int | None = None, **aligned: Any) -> Any:
+    def torch_dataset(self, rank: int | None = None, world_size: int | None = None, even: str | None = None,
+                      **aligned: Any) -> Any:
         """The samples of ``aligned(**aligned)`` as a PyTorch ``IterableDataset``, sharded by session chunk
-        over DataLoader workers and ranks (default: ``torch.distributed``); ``pipeline.readers``."""
+        over DataLoader workers and ranks (default: ``torch.distributed``); ``even="drop"|"pad"``: the same
+        number of samples for every worker of every rank; ``pipeline.readers``."""
         from modalign.pipeline.readers import torch_dataset
 
-        return torch_dataset(self, rank=rank, world_size=world_size, **aligned)
+        return torch_dataset(self, rank=rank, world_size=world_size, even=even, **aligned)
 
     def ray_dataset(self, **aligned: Any) -> Any:
         """The samples of ``aligned(**aligned)`` as a Ray Data ``Dataset`` (one task per session chunk)."""

@@ -20,8 +20,10 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from modalign.pipeline.dataset import (AlignedSpec, Context, WorkItem, context, iter_batches, iter_samples,
-                                       plain_batch, rows_of, shard_items, shard_of, with_spec)
+from modalign.pipeline.dataset import (EVEN_MODES, AlignedSpec, Context, WorkItem, context, even_shard_items,
+                                       iter_batches, iter_samples, plain_batch, rows_of, shard_items, shard_of,
+                                       with_spec)
+from modalign.schemas.errors import ConfigError
 
 _TORCH_CLASS: Any = None
 
@@ -45,10 +47,14 @@ def _torch_class() -> type:
     class AlignedIterableDataset(IterableDataset):
         """Aligned samples of one ``Output``, sharded by rank and DataLoader worker (see the module)."""
 
-        def __init__(self, ctx: Context, rank: int | None = None, world_size: int | None = None) -> None:
+        def __init__(self, ctx: Context, rank: int | None = None, world_size: int | None = None,
+                     even: str | None = None) -> None:
+            if even is not None and even not in EVEN_MODES:
+                raise ConfigError(f"even: one of {', '.join(EVEN_MODES)} or None, got {even!r}")
             self.ctx = ctx
             self.rank = rank
             self.world_size = world_size
+            self.even = even
 
         def shard(self) -> tuple[int, int]:
             """(index, count) of the calling worker among all workers of all ranks."""
@@ -62,6 +68,8 @@ def _torch_class() -> type:
             return shard_of(rank, world, wid, nw)
 
         def items(self) -> list[WorkItem]:
+            if self.even is not None:
+                return even_shard_items(self.ctx.items, *self.shard(), self.even)
             return shard_items(self.ctx.items, *self.shard())
 
         def __iter__(self) -> Iterator[dict]:
@@ -76,21 +84,25 @@ def _torch_class() -> type:
             return sum(i.stop - i.first for i in self.ctx.items)
 
         def __reduce__(self):  # picklable for spawned workers although the class is made at run time
-            return (_rebuild_torch, (self.ctx, self.rank, self.world_size))
+            return (_rebuild_torch, (self.ctx, self.rank, self.world_size, self.even))
 
     _TORCH_CLASS = AlignedIterableDataset
     return _TORCH_CLASS
 
 
-def _rebuild_torch(ctx: Context, rank: int | None, world_size: int | None) -> Any:
-    return _torch_class()(ctx, rank, world_size)
+def _rebuild_torch(ctx: Context, rank: int | None, world_size: int | None, even: str | None = None) -> Any:
+    return _torch_class()(ctx, rank, world_size, even)
 
 
-def torch_dataset(output: Any, rank: int | None = None, world_size: int | None = None, **aligned: Any) -> Any:
+def torch_dataset(output: Any, rank: int | None = None, world_size: int | None = None, even: str | None = None,
+                  **aligned: Any) -> Any:
     """A PyTorch ``IterableDataset`` of ``output.aligned(**aligned)`` samples (dicts of tensors,
-    strings and lists), sharded by session chunk over ranks and DataLoader workers. Batch it with
-    ``collate`` (text blocks and vector lists vary in length per sample)."""
-    return _torch_class()(context(output, AlignedSpec.make(**aligned)), rank, world_size)
+    strings and lists), sharded by session chunk over ranks and DataLoader workers: each sample once.
+    ``even="drop"`` or ``"pad"`` gives every worker of every rank the same number of samples instead
+    (``even_shard_items``: fewer than ranks x workers samples left out, or seen twice), so every rank
+    has the same number of batches, as distributed training needs. Batch it with ``collate`` (text
+    blocks and vector lists vary in length per sample)."""
+    return _torch_class()(context(output, AlignedSpec.make(**aligned)), rank, world_size, even)
 
 
 def _adjacent(vals: list) -> Any:

@@ -20,6 +20,7 @@ import modalign
 from modalign.pipeline.dataset import (AlignedSpec, Geometry, assign_splits, column_numpy, context, iter_blocks,
                                        plain_batch, rows_of, samples_of, to_batch)
 from modalign.pipeline.export import export
+from modalign.schemas.errors import ConfigError
 
 pytestmark = pytest.mark.integration
 MS = 1_000_000
@@ -227,6 +228,35 @@ def test_two_ranks_of_two_workers_cover_every_sample_once(out):
         got.update(mine)
     assert got == want  # no duplicate, no gap, same content
     assert sum(per_shard) == sum(want.values()) and all(per_shard)
+
+
+@pytest.mark.parametrize("even", ["drop", "pad"])
+def test_even_shards_give_every_rank_the_same_batches(out, even):
+    """For distributed training: 2 ranks x 2 workers, every worker the same number of samples, so every
+    rank the same number of batches; ``drop`` leaves fewer than 4 samples out, ``pad`` repeats fewer than 4."""
+    from torch.utils.data import DataLoader
+
+    from modalign.pipeline.readers import collate
+
+    args = dict(unit="clip", clip_s=0.4, decode=False, chunk_s=1.0)
+    want = Counter((s["session_id"], s["sample_index"]) for s in out.torch_dataset(rank=0, world_size=1, **args))
+    got, batches, samples = Counter(), [], []
+    for rank in (0, 1):
+        ds = out.torch_dataset(rank=rank, world_size=2, even=even, **args)
+        loader = DataLoader(ds, batch_size=8, num_workers=2, collate_fn=collate, multiprocessing_context="spawn")
+        mine = [b for b in loader]
+        batches.append(len(mine))
+        keys = [(sid, int(i)) for b in mine for sid, i in zip(b["session_id"], b["sample_index"])]
+        samples.append(len(keys))
+        got.update(keys)
+    n = sum(want.values())
+    assert batches[0] == batches[1] and samples[0] == samples[1]
+    if even == "drop":
+        assert samples[0] * 2 == n // 4 * 4 and max(got.values()) == 1 and not (got - want)
+    else:
+        assert samples[0] * 2 == -(-n // 4) * 4 and set(got) == set(want) and sum((got - want).values()) < 4
+    with pytest.raises(ConfigError, match="even"):
+        out.torch_dataset(even="spread")
 
 
 def _seed_with_two_splits(sessions):

@@ -265,3 +265,58 @@ def test_both_nodes_ran_pipeline_actors_and_nothing_was_written_locally(cluster,
             body = client.get_object(Bucket=cluster["s3"].bucket, Key=key)["Body"].read()
             assert row["source_sha256"] == "sha256:" + hashlib.sha256(body).hexdigest(), key
             assert row["source_version"].startswith("etag:") and row["source_version"].endswith(f":{len(body)}")
+
+
+# Run by a driver joined to the cluster (``_cli``'s environment): the batch OUT, on S3 only, as a Ray
+# Data Dataset whose join tasks the cluster places (Ray Data spreads them), each row tagged with the
+# node its task ran on by a map fused into that task; and the same samples read here by ``aligned``.
+_RAY_DATA = r'''
+import hashlib, json, sys
+import numpy as np, ray
+import modalign
+from modalign.pipeline.dataset import plain_batch, rows_of
+from modalign.pipeline.local_ray import join_ray
+from modalign.schemas.config import StorageConfig
+
+def norm(v):
+    if isinstance(v, np.ndarray):
+        return norm(v.tolist())
+    if isinstance(v, (list, tuple)):
+        return [norm(x) for x in v]
+    if isinstance(v, dict):
+        return {k: norm(x) for k, x in v.items()}
+    return v.item() if isinstance(v, np.generic) else v
+
+def digest(row):
+    return hashlib.sha256(json.dumps(norm(row), sort_keys=True, default=repr).encode()).hexdigest()
+
+def tag(batch):
+    return batch.append_column("node", [[ray.get_runtime_context().get_node_id()] * len(batch)])
+
+address, uri, endpoint = sys.argv[1:4]
+join_ray(address)  # a loopback cluster: joined on loopback
+out = modalign.open(uri, StorageConfig(endpoint_url=endpoint))
+args = dict(unit="clip", clip_s=1.0, decode=False, chunk_s=1.0)
+rows = out.ray_dataset(**args).map_batches(tag, batch_format="pyarrow").take_all()
+nodes = sorted({r.pop("node") for r in rows})
+local = [r for b in out.aligned(**args) for r in rows_of(plain_batch(b))]
+print(json.dumps({"ray": sorted(map(digest, rows)), "local": sorted(map(digest, local)), "nodes": nodes,
+                  "cluster": sorted(n["NodeID"] for n in ray.nodes() if n["Alive"]),
+                  "sessions": sorted({r["session_id"] for r in local})}))
+'''
+
+
+def test_ray_data_reads_the_s3_output_on_both_nodes_and_gives_the_local_samples(cluster, chaos):
+    """Issue 16's Ray Data reader on a real two-node cluster: OUT exists only on S3, each node's tasks
+    read it there, and the rows equal ``aligned``'s (every sample once)."""
+    work = cluster["root"] / "ray-data"
+    work.mkdir()
+    env = dict(cluster["env"], TMPDIR=str(work), PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run([sys.executable, "-c", _RAY_DATA, cluster["address"], chaos["batch_out"],
+                           cluster["s3"].endpoint], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["sessions"] == sorted(SESSIONS)
+    assert len(got["local"]) >= 3 * 4  # 4.5 s sessions, 1 s clips
+    assert got["ray"] == got["local"]  # as multisets: 0 lost, 0 duplicated
+    assert len(got["cluster"]) == 2 and got["nodes"] == got["cluster"], "the join tasks did not run on both nodes"

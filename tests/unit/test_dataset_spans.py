@@ -8,8 +8,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from modalign.pipeline.dataset import (Geometry, WorkItem, assign_splits, parse_split, plan_items, shard_items,
-                                       shard_of, split_of)
+from modalign.pipeline.dataset import (Geometry, WorkItem, assign_splits, even_shard_items, parse_split, plan_items,
+                                       shard_items, shard_of, split_of)
 from modalign.schemas.errors import ConfigError
 
 pytestmark = pytest.mark.unit
@@ -157,3 +157,29 @@ def test_a_decoder_that_disagrees_with_pillow_is_never_used(monkeypatch):
     assert np.array_equal(dec(data, (360, 640)), ref)
     assert dec.checked and not dec.use_cv2 and calls == [1]
     assert np.array_equal(dec(data, (360, 640)), ref) and calls == [1]  # Pillow from then on
+
+
+@pytest.mark.parametrize("mode", ["drop", "pad"])
+def test_even_shards_hold_equal_counts_contiguous_in_time(mode):
+    # 3 sessions of 253, 7 and 120 samples in items of 50: 380 samples over 2 ranks x 3 workers
+    items = plan_items([("a", 0, 253), ("b", 0, 7), ("c", 0, 120)], 50)
+    shards = [even_shard_items(items, k, 6, mode) for k in range(6)]
+    got = Counter((i.session_id, x) for sh in shards for i in sh for x in range(i.first, i.stop))
+    every = Counter((i.session_id, x) for i in items for x in range(i.first, i.stop))
+    sizes = [sum(i.stop - i.first for i in sh) for sh in shards]
+    if mode == "drop":
+        assert sizes == [63] * 6 and max(got.values()) == 1 and sum((every - got).values()) == 380 - 378
+    else:
+        assert sizes == [64] * 6 and set(got) == set(every) and sum((got - every).values()) == 384 - 380
+    for sh in shards:  # each shard one stretch of the sample order: few files to read
+        flat = [(i.session_id, x) for i in sh for x in range(i.first, i.stop)]
+        order = [(i.session_id, x) for i in items for x in range(i.first, i.stop)] * 2
+        start = order.index(flat[0])
+        assert flat == order[start:start + len(flat)]
+        assert all(i.stop > i.first for i in sh)
+    assert even_shard_items([], 0, 4, mode) == []
+
+
+def test_even_takes_drop_or_pad():
+    with pytest.raises(ConfigError, match="even"):
+        even_shard_items(plan_items([("a", 0, 10)], 5), 0, 2, "round")
