@@ -275,6 +275,7 @@ class Runner:
             self.timing["actors_ready_s"] = round(pool.ready(self.config, str(self.out), str(self.key_store),
                                                              self.attempt, n_ingest, embed_options, chains,
                                                              n_embed), 3)
+            self.actor_pids = {f"{kind}-{i}": pid for (kind, i), pid in sorted(pool.pids.items())}
             if pool.replaced > replaced:
                 self.progress(f"{pool.replaced - replaced} actor(s) that Ray had restarted replaced by fresh ones "
                               "(a run starts with every actor's restarts left)")
@@ -341,7 +342,8 @@ class Runner:
         # how the work spread: payload batches each embed actor embedded (most first; a restarted
         # actor counts as another)
         summary["actors"] = {"ingest": n_ingest, "embed": n_embed,
-                             "embed_batches": sorted(self.embed_batches.values(), reverse=True)}
+                             "embed_batches": sorted(self.embed_batches.values(), reverse=True),
+                             "pids": self.actor_pids}  # the processes the run started on (a watch's stay)
         return summary
 
     # -- the commit --------------------------------------------------------------------

@@ -131,6 +131,7 @@ class Watch:
         self._signals = 0  # stop requests so far: 1 drains, 2 abandons
         self._said_waiting = False  # for OUT's lease
         self._runner: Runner | None = None
+        self.pool: Any = None  # the ingest and embed actors, warm across batches (``actors.ActorPool``)
         self._lost: OutputLockedError | None = None
         self.seen: dict[str, tuple[str, float]] = {}  # key -> (version, stable since)
         self.failures: dict[tuple[str, Version], tuple[int, str]] = {}  # -> (attempts, last error)
@@ -195,6 +196,7 @@ class Watch:
                               f"session(s) in flight; {len(self.committed)} session(s) committed")
                 self._loop(lease)
         finally:
+            self._close_pool()
             for s, handler in saved.items():
                 signal.signal(s, handler)
             self._write_status("stopped")
@@ -202,6 +204,14 @@ class Watch:
         if self._lost is not None:
             raise self._lost
         return self.status("stopped")
+
+    def _close_pool(self) -> None:
+        if self.pool is not None:
+            try:
+                self.pool.close()
+            except Exception as exc:  # noqa: BLE001 - Ray already gone (a second signal): nothing to kill
+                log.debug("closing the actor pool: %s", exc)
+            self.pool = None
 
     def _loop(self, lease: Lease) -> None:
         while self._signals == 0 and self._lost is None:
@@ -287,7 +297,12 @@ class Watch:
     def _process(self, lease: Lease, batch: list[tuple[Candidate, float]]) -> bool:
         """Run and commit one batch; False when it did not commit."""
         self._ensure_ray()
-        runner = Runner(self.config, self.out, self.progress, metrics=self.metrics, display=self.display)
+        if self.pool is None:
+            from modalign.pipeline.actors import ActorPool
+
+            self.pool = ActorPool()
+        runner = Runner(self.config, self.out, self.progress, metrics=self.metrics, display=self.display,
+                        pool=self.pool)
         self._runner = runner
         self.in_flight = [c.session_id for c, _ in batch]
         self.metrics.in_flight.set(len(batch))
@@ -309,6 +324,7 @@ class Watch:
             self.exit_code = EXIT_FAILED
             return False
         except Exception as exc:  # noqa: BLE001 - one bad batch must not end the watch
+            self._close_pool()  # its actors may still be busy with what failed: fresh ones for the next batch
             if self._lost is not None:
                 return False
             message = exc.message if isinstance(exc, ModalignError) else f"{type(exc).__name__}: {exc}"

@@ -122,6 +122,14 @@ def test_dropped_sessions_are_committed_once_and_one_at_a_time(watched):
     assert any("lag p50" in m for m in messages)
 
 
+def test_the_watch_keeps_its_actors_warm_across_batches(watched):
+    _inp, out, *_ = watched
+    log = CommitLog.of(out)
+    actors = [json.loads(log.store.get(log.records.key(v)))["summary"]["actors"] for v in log.versions()]
+    assert len(actors) == 2 and set(actors[0]["pids"]) == {"ingest-0", "ingest-1", "embed-0"}
+    assert actors[1]["pids"] == actors[0]["pids"]  # the second batch ran on the first's processes: no model load
+
+
 def test_a_changed_source_replaces_its_session_and_the_rest_is_not_redone(watched):
     inp, out, cfg, _status, _writes, _messages = watched
     old = stat_version(inp / "first.wav")
