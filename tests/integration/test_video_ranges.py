@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 
 from modalign.pipeline.discovery import discover
@@ -75,6 +76,12 @@ def test_ranges_cover_every_frame_once_and_every_face_across_the_cuts(video_job,
     whole_done = _ingest(whole, video_job)[-1]
 
     got, want = _frames(tmp_path / "ranged"), _frames(tmp_path / "whole")
+    # The ranges' parts, in part-number order, follow each other in time (the dataset reader's
+    # binary search over a source's parts, ``pipeline.dataset.ORDERED_PARTS``, relies on it).
+    spans = [(min(t), max(t)) for t in (pq.read_table(f, columns=["t_ns"]).column("t_ns").to_pylist()
+                                       for f in sorted((tmp_path / "ranged" / "events" / "video").rglob("*.parquet"),
+                                                       key=lambda f: int(f.stem.rsplit("-", 1)[1])))]
+    assert len(spans) > len(ranges) and all(a[1] < b[0] for a, b in zip(spans, spans[1:]))
     ids = Counter(r["event_id"] for r in got)
     assert max(ids.values()) == 1  # no frame twice (an overlap is decoded twice, output once)
     assert [(r["event_id"], r["frame_index"], r["t_ns"], r["pts"]) for r in got] == \

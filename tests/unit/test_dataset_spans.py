@@ -183,3 +183,60 @@ def test_even_shards_hold_equal_counts_contiguous_in_time(mode):
 def test_even_takes_drop_or_pad():
     with pytest.raises(ConfigError, match="even"):
         even_shard_items(plan_items([("a", 0, 10)], 5), 0, 2, "round")
+
+
+def _parts_context(tmp_path, spans, source="cam", modality="video"):
+    """A ``Context`` over one session whose ``modality`` source has one part per span of t_ns."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from modalign.pipeline.dataset import EVENT_TABLES, Context
+    from modalign.pipeline.layout import OutputLayout
+
+    files = []
+    for part, (lo, hi) in spans:
+        rel = f"{EVENT_TABLES[modality].PATH}/s1/{source}-a{part % 3}-{part:05d}.parquet"  # attempts mixed, as after an erasure
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"t_ns": pa.array([lo, hi], pa.int64()), "source_id": [source, source]}), tmp_path / rel)
+        files.append(rel)
+    ctx = Context(spec=None, geometry=None, tolerance_ns={}, n_mfcc=40, root=str(tmp_path),
+                  layout=OutputLayout.of(tmp_path), uri=str(tmp_path), session_files={"s1": sorted(files)}, n_ticks={},
+                  streams=(), quality={})
+    reads = Counter()
+    footer = ctx.footer
+    ctx.footer = lambda rel: (reads.update([rel]), footer(rel))[1]
+    return ctx, sorted(files), reads
+
+
+def _brute(ctx, files, lo, hi):
+    return sorted(f for f in files if ctx.footer(f).lo <= hi and ctx.footer(f).hi >= lo)
+
+
+def test_a_stream_source_reads_the_footers_of_the_parts_it_needs_only(tmp_path):
+    from modalign.pipeline.dataset import _source_parts
+
+    spans = [(p, (p * 1000, p * 1000 + 900)) for p in range(200)]  # 200 parts in time order
+    ctx, files, reads = _parts_context(tmp_path, spans)
+    for lo, hi in [(0, 50), (5_500, 8_200), (199_950, 250_000), (123_901, 123_950), (-10, -1), (10**9, 10**9 + 1)]:
+        reads.clear()
+        got = _source_parts(ctx, files, "video", "cam", lo, hi)
+        assert len(reads) <= 12  # a binary search over 200 parts and the overlapping ones, not 200 footers
+        assert sorted(got) == _brute(ctx, files, lo, hi)
+    assert len(_source_parts(ctx, files, "video", "cam", 5_500, 8_200)) == 4  # parts 5 to 8
+    assert _source_parts(ctx, files, "video", "other", 0, 10**9) == []  # another source's parts are not its
+
+
+def test_parts_out_of_time_order_are_found_by_reading_every_footer(tmp_path):
+    from modalign.pipeline.dataset import _source_parts
+
+    spans = [(p, (p * 1000, p * 1000 + 900)) for p in range(40)]
+    spans[20] = (20, (1000 * 35 + 950, 1000 * 35 + 990))  # part 20 holds times of part 35's span
+    ctx, files, reads = _parts_context(tmp_path, spans)
+    want = _brute(ctx, files, 35_000, 35_999)
+    assert len(want) == 2
+    assert sorted(_source_parts(ctx, files, "video", "cam", 19_000, 36_000)) == _brute(ctx, files, 19_000, 36_000)
+    assert ("video", "cam") in ctx.unordered  # seen out of order once: every later lookup reads all
+    assert sorted(_source_parts(ctx, files, "video", "cam", 35_000, 35_999)) == want
+    pdf, pdf_files, _ = _parts_context(tmp_path / "pdf", [(p, (p * 1000, p * 1000 + 900)) for p in range(40)][::-1],
+                                       modality="pdf")
+    assert len(_source_parts(pdf, pdf_files, "pdf", "cam", 0, 10**9)) == 40  # pages: every part checked
