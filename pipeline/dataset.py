@@ -33,7 +33,8 @@ ticks per clip, ``F`` MFCC frames of ``hop_ms`` per span; a tick sample drops th
 MFCC and vector columns are Arrow buffers made once per chunk; ``column_numpy`` (and the torch
 reader's ``torch.from_numpy``) views them without a copy. Frames are decoded once per sample
 straight into the batch's preallocated array, in threads (the decoder releases the GIL), by OpenCV where
-it is checked to give Pillow's pixels (``_Decoder``), else by Pillow.
+it is checked to give Pillow's pixels (``_Decoder``), else by Pillow; the threads decode the next batch
+while the caller uses this one (one batch ahead).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import io
 import math
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import PurePath
@@ -638,7 +639,7 @@ def _source_parts(ctx: Context, files: list[str], m: str, src: str, lo: int, hi:
 
     events/M/SESSION/SOURCE-ATTEMPT-PART.parquet: other sources' footers are never read. For a stream
     modality (``ORDERED_PARTS``) the parts in part order cover increasing times, so a binary search and
-    a scan read the footers of O(log n) parts and the overlapping ones only (a 30 min video has ~1,400
+    a scan read the footers of O(log n) parts and the overlapping ones only (a 30 min video has 1,920
     parts; reading them all cost a first sample 3.7 s). Footers that break the order (an erasure never
     reorders parts, but an OUT written by another tool could) make it read every footer of the source."""
     prefix = safe_name(src) + "-"
@@ -1005,8 +1006,9 @@ def decoder() -> _Decoder:
     return _DECODER
 
 
-def decode_frames(block: Block, ctx: Context, pool: ThreadPoolExecutor | None = None) -> np.ndarray:
-    """The block's frames as one uint8 array ``(n, [T,] H, W, 3)``, each JPEG decoded once into its slot."""
+def decode_frames(block: Block, ctx: Context, pool: ThreadPoolExecutor | None = None) -> Callable[[], np.ndarray]:
+    """Start decoding the block's frames into one uint8 array ``(n, [T,] H, W, 3)``, each JPEG once into
+    its slot, on ``pool`` (in this thread without one); returns the function that waits for the array."""
     from PIL import Image
 
     vrow, jpeg = block.frames
@@ -1031,12 +1033,17 @@ def decode_frames(block: Block, ctx: Context, pool: ThreadPoolExecutor | None = 
         i, t, r = job
         out[i, t] = dec(jpeg[r].as_buffer(), (h, w))
 
-    if pool is not None and len(jobs) > 1:
-        list(pool.map(one, jobs))
-    else:
+    futures = [pool.submit(one, j) for j in jobs] if pool is not None and len(jobs) > 1 else []
+    if not futures:
         for j in jobs:
             one(j)
-    return out[:, 0] if ctx.geometry.squeeze else out
+
+    def done() -> np.ndarray:
+        for f in futures:
+            f.result()
+        return out[:, 0] if ctx.geometry.squeeze else out
+
+    return done
 
 
 def tensor_column(arr: np.ndarray) -> pa.Array:
@@ -1057,18 +1064,32 @@ def iter_blocks(ctx: Context, items: Iterable[WorkItem] | None = None) -> Iterat
     """Decoded blocks of ``batch_size`` samples over ``items``, in order."""
     threads = _threads(ctx) if ctx.spec.decode and "video" in ctx.spec.modalities else 0
     pool = ThreadPoolExecutor(threads) if threads > 1 else None
+    pending: tuple[Block, Callable[[], np.ndarray]] | None = None  # decoding while the last block is used
+
+    def ready(block: Block, frames: Callable[[], np.ndarray]) -> Block:
+        block.views["video_frame"] = arr = frames()
+        block.columns["video_frame"] = tensor_column(arr)
+        block.frames = None
+        return block
+
     try:
         for item in ctx.items if items is None else items:
             whole = join_item(ctx, item)
             bs = ctx.batch_size
             for a in range(0, whole.n, bs):
                 block = whole.slice(a, min(whole.n, a + bs))
-                if block.frames is not None:
-                    frames = decode_frames(block, ctx, pool)
-                    block.views["video_frame"] = frames
-                    block.columns["video_frame"] = tensor_column(frames)
-                    block.frames = None
-                yield block
+                if block.frames is None:
+                    if pending is not None:
+                        yield ready(*pending)
+                        pending = None
+                    yield block
+                    continue
+                started = (block, decode_frames(block, ctx, pool))  # the threads decode it ...
+                if pending is not None:
+                    yield ready(*pending)  # ... while the caller uses the block before it
+                pending = started
+        if pending is not None:
+            yield ready(*pending)
     finally:
         if pool is not None:
             pool.shutdown()
