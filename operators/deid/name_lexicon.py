@@ -38,6 +38,8 @@ _FOLD = str.maketrans({"ø": "o", "Ø": "o", "æ": "ae", "Æ": "ae", "œ": "oe",
 
 def fold(word: str) -> str:
     """Casefolded, accents and special letters removed: ``Øyvind`` and ``Oyvind`` -> ``oyvind``."""
+    if word.isascii():  # most words: nothing to translate or decompose (the lists' 150,000 folds at start-up)
+        return word.casefold()
     decomposed = unicodedata.normalize("NFKD", word.translate(_FOLD))
     return "".join(c for c in decomposed if not unicodedata.combining(c)).casefold()
 

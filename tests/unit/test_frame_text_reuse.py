@@ -166,3 +166,25 @@ def test_reread_rect_and_the_words_it_touches():
     assert ft._text_blocks_touch([((3, 1, 1), word("by", 300, 220, 320, 240, 90.0))] + words[:1], (0, 150, 330, 200))
     changed[0, 0] = changed[89, 159] = True
     assert ft.reread_rect(changed, 640, 360) == (0, 0, 640, 360)
+
+
+def test_a_pair_of_samples_that_read_the_last_pairs_texts_gets_its_detections_again(monkeypatch):
+    """Detection is a pure function of the texts: on a static slide only the first sample (alone)
+    and the first pair are detected; a changed name starts new pairs; the boxes are those of a
+    detection on every pair (every value blurred in every frame)."""
+    calls: list[int] = []
+    real = ft.detect_batch
+    monkeypatch.setattr(ft, "detect_batch", lambda texts, *a: calls.append(len(texts)) or real(texts, *a))
+    frames = [reencoded(render(TEXT_A), i) for i in range(N)]
+    op, _ = counted(FrameTextConfig().reuse_threshold)
+    got = out_frames(deid(op, frames_table(frames)))
+    assert len(calls) == 2 and calls[1] == 2 * calls[0]  # sample 0 alone, then (0, 7); (7, 13) ... reuse it
+    for i in range(N):
+        for j, value in VALUES["A"].items():
+            rs, cs = value_region(TEXT_A, j, value)
+            assert np.abs(got[i][rs, cs].astype(int) - frames[i][rs, cs].astype(int)).mean() > 30, (i, j)
+    calls.clear()
+    shown = [TEXT_A] * 13 + [TEXT_A2] * 12  # the new name at row 13: pairs (7, 13) and (13, 19) are new
+    op, _ = counted(FrameTextConfig().reuse_threshold)
+    deid(op, frames_table([reencoded(render(t), i) for i, t in enumerate(shown)]))
+    assert len(calls) == 4
