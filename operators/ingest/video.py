@@ -338,9 +338,10 @@ class VideoFramesOperator(SourceOperator[VideoFramesConfig]):
                                      f"{cfg.max_duration_s:.0f}; split the source or raise the limit",
                                      source_uri=ctx.uri, stage=self.kind, code="duration_exceeded")
 
-    def _decoded(self, container: Any, stream: Any, lost: list[int | None]) -> Iterator[Any]:
+    def _decoded(self, container: Any, stream: Any, lost: list[int | None], demux: dict) -> Iterator[Any]:
         """Frames of ``stream``, decoding packet by packet. A rejected packet or a corrupt
-        frame is skipped and its local ns (None: unknown) appended to ``lost``."""
+        frame is skipped and its local ns (None: unknown) appended to ``lost``. ``demux`` gets
+        ``packets`` (those that carried data) and ``failed`` (the demuxer raised: the rest unreachable)."""
         import av
 
         keyframes_only = self.config.keyframes_only
@@ -352,6 +353,7 @@ class VideoFramesOperator(SourceOperator[VideoFramesConfig]):
 
         try:
             for packet in container.demux(stream):
+                demux["packets"] += packet.size > 0
                 if keyframes_only and packet.size and not packet.is_keyframe:
                     continue
                 try:
@@ -372,6 +374,7 @@ class VideoFramesOperator(SourceOperator[VideoFramesConfig]):
                         continue
                     yield frame
         except av.error.FFmpegError:  # the demuxer failed: nothing after this point is reachable
+            demux["failed"] = True
             try:
                 for frame in stream.decode(None):  # frames still inside the decoder come first
                     if not (resync or frame.is_corrupt):
@@ -401,7 +404,8 @@ class VideoFramesOperator(SourceOperator[VideoFramesConfig]):
         ranges: list[list[int | None]] = []  # [start, end] session ns of lost stretches; end None = open
         last_t = None  # session ns of the last good decoded frame
         index = -1
-        for frame in self._decoded(container, stream, lost):
+        demux = {"packets": 0, "failed": False}
+        for frame in self._decoded(container, stream, lost, demux):
             index += 1
             if frame.pts is None:
                 continue  # no presentation time: cannot be placed on the clock
@@ -467,6 +471,11 @@ class VideoFramesOperator(SourceOperator[VideoFramesConfig]):
             raise UnreadableInputError("no frame could be decoded; check that the file plays, re-encode it",
                                        source_uri=ctx.uri, stage=self.kind, code="unreadable")
         if ranges:
+            if ranges[-1][1] is None and window is None and not demux["failed"] \
+                    and 0 < demux["packets"] < (stream.frames or 0):
+                # decoding failed up to the end, where the file ended (no demuxer error) before the
+                # packets it declares: a cut file whose last packet is cut too (where the cut falls)
+                check_truncated(ctx, self.kind, container, stream, last_t)
             raise self._damage_error(ctx, container, stream, ranges, n_lost)
         if window is None or window.last:  # only the last range reaches the end
             check_truncated(ctx, self.kind, container, stream, last_t)

@@ -397,3 +397,28 @@ def test_the_audio_track_of_a_video_is_an_audio_source(tmp_path):
     voiced = audio.column("voiced").to_numpy(zero_copy_only=False)
     onset = t[np.argmax(voiced)]
     assert abs(onset - 1_000_000_000) <= 30_000_000 and voiced[t >= 1_100_000_000].all()
+
+
+@pytest.mark.parametrize("cut", ["between", "inside"])
+def test_a_file_cut_short_is_truncated_wherever_the_cut_falls(tmp_path, cut):
+    """A faststart MP4 cut after packet 40 of 75: cut between two packets, decoding simply ends; cut
+    inside packet 40, its part fails to decode first. Either way the file ended before the packets its
+    index declares (no demuxer error): ``truncated`` from the last good frame to the declared end."""
+    import av
+
+    from hostile_corpus import write_h264
+
+    path = write_h264(tmp_path / "whole.mp4", options={"movflags": "faststart"})
+    with av.open(str(path)) as c:
+        packets = [(p.pos, p.size) for p in c.demux(c.streams.video[0]) if p.size]
+    assert len(packets) == 75
+    pos, size = packets[40]
+    (tmp_path / "cut.mp4").write_bytes(path.read_bytes()[: pos + (size // 2 if cut == "inside" else 0)])
+    got = []
+    with pytest.raises(UnreadableInputError) as e:
+        for t in VideoFramesOperator().read(ctx_for(tmp_path / "cut.mp4")):
+            got.append(t)
+    n = sum(t.num_rows for t in got)
+    assert e.value.code == "truncated" and 30 <= n <= 40, (e.value.code, n)
+    assert e.value.start_t_ns == pa.concat_tables(got).column("t_ns").to_pylist()[-1] + 1
+    assert e.value.end_t_ns == OFFSET_NS + 3_000_000_000  # 75 frames at 25 fps, as declared
