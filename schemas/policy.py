@@ -101,6 +101,13 @@ class FacePolicy(_Strict):
         description="a second model (mediapipe short-range) also runs on the tiles and, closer, around each tracked "
                     "face the first pass missed",
     )
+    still_model: Literal["mtcnn", "none"] = Field(
+        "mtcnn",
+        description="a third detector, of another family than MediaPipe's (MTCNN, with the weights facenet-pytorch "
+                    "ships), on every frame that is no part of a dense run (stills, sampled frames, a stream's last "
+                    "frame), where the close grids run too: it finds turned and low-detail faces neither MediaPipe "
+                    "model sees; 'none': off",
+    )
     legal_basis: str = Field("", description="free-text note recorded with the policy")
 
     @model_validator(mode="after")
@@ -206,7 +213,7 @@ class DeidPolicy(_Strict):
     """Versioned de-identification policy for all modalities."""
 
     policy_id: str = Field("modalign-default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-    version: str = Field("9", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+    version: str = Field("10", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
     legal_basis: str = Field("", description="free-text note recorded with the policy")
     face: FacePolicy = FacePolicy()
     voice: VoicePolicy = VoicePolicy()

@@ -92,7 +92,7 @@ def test_face_detected_blurred_inside_identical_outside(op, canvas):
     assert out.column("deid")[0].as_py() == {
         "policy": DEFAULT_POLICY_TAG,
         "method": "blur_permute",
-        "detector": "mediapipe-face-detection@0.10.21/full-range/tiles2+short-range",
+        "detector": "mediapipe-face-detection@0.10.21/full-range/tiles2+short-range+mtcnn@facenet-pytorch-2.6.0/0.9",
         "count": 1,
         "threshold": 0.5,
     }
@@ -283,8 +283,10 @@ def test_small_faces_in_720p_found_with_tiles(op):
     from modalign.pipeline.deid_eval import make_face_samples
 
     samples = make_face_samples(12, seed=4, size=(1280, 720))
-    whole = FaceBlurOperator(FaceBlurConfig(secret=SECRET, face=FacePolicy(tiles=1)))
+    whole = FaceBlurOperator(FaceBlurConfig(secret=SECRET, face=FacePolicy(tiles=1, still_model="none")))
     whole.setup()
+    still = FaceBlurOperator(FaceBlurConfig(secret=SECRET, face=FacePolicy(tiles=1)))  # + the still model
+    still.setup()
 
     def covered(o, s) -> bool:
         o.reset()
@@ -299,6 +301,7 @@ def test_small_faces_in_720p_found_with_tiles(op):
 
     assert sum(covered(whole, s) for s in samples) <= 10  # the gap the tiles close
     assert all(covered(op, s) for s in samples)
+    assert all(covered(still, s) for s in samples)  # and, on a still, the still model (MTCNN) alone
 
 
 def test_tile_regions_cover_the_frame_with_overlap():
@@ -527,8 +530,8 @@ def test_close_up_filling_the_frame_found_by_the_zoom_out_pass(monkeypatch):
     x = (W - H) // 2
     img[:, x:x + H] = cv2.resize(face, (H, H), interpolation=cv2.INTER_CUBIC)[..., None]
 
-    def boxes() -> list:
-        o = FaceBlurOperator(FaceBlurConfig(secret=SECRET))
+    def boxes(face: FacePolicy = FacePolicy(still_model="none")) -> list:  # MediaPipe's passes alone
+        o = FaceBlurOperator(FaceBlurConfig(secret=SECRET, face=face))
         o.setup()
         out = [o.process(frames_table([img]))] + o.flush()
         return [b for t in out for bs in t.column("face_boxes").to_pylist() for b in bs]
@@ -537,6 +540,7 @@ def test_close_up_filling_the_frame_found_by_the_zoom_out_pass(monkeypatch):
     assert found, "the close-up was not covered"
     b = found[0]
     assert b["x0"] <= x + H * 0.3 and b["x1"] >= x + H * 0.7 and b["y0"] <= H * 0.3 and b["y1"] >= H * 0.7
+    assert boxes(FacePolicy()), "the default policy (the still model too) lost the close-up"
     monkeypatch.setattr(mod, "ZOOM_OUT", 0)
     assert boxes() == []
 
@@ -593,8 +597,8 @@ def test_weak_face_at_the_frame_edge_is_verified_on_the_detection_not_its_clippe
     x, y, side = 459, 23, 149
     img[y:y + side, x:x + side] = cv2.resize(_lfw_faces()[0][96], (side, side), interpolation=cv2.INTER_CUBIC)[..., None]
 
-    def cover() -> float:
-        o = FaceBlurOperator(FaceBlurConfig(secret=SECRET))
+    def cover() -> float:  # MediaPipe and its closer look alone (the still model confirms this face too)
+        o = FaceBlurOperator(FaceBlurConfig(secret=SECRET, face=FacePolicy(still_model="none")))
         o.setup()
         out = run(o, frames_table([img]))
         mask = np.zeros((720, 1280), bool)
@@ -619,8 +623,8 @@ def test_face_the_half_height_close_grid_misses_is_found_on_the_second_close_gri
     img = _lfw_still(4, side, x, y, "camera")
     assert mod.CLOSE_SIDES == (0.5, 0.4)
 
-    def cover() -> tuple[float, np.ndarray]:
-        o = FaceBlurOperator(FaceBlurConfig(secret=SECRET))
+    def cover() -> tuple[float, np.ndarray]:  # MediaPipe's passes alone (the still model finds it too)
+        o = FaceBlurOperator(FaceBlurConfig(secret=SECRET, face=FacePolicy(still_model="none")))
         o.setup()
         out = run(o, frames_table([img]))
         mask = np.zeros((720, 1280), bool)
@@ -633,3 +637,45 @@ def test_face_the_half_height_close_grid_misses_is_found_on_the_second_close_gri
     assert np.abs(got[y:y + side, x:x + side].astype(np.int16) - img[y:y + side, x:x + side]).mean() > 20
     monkeypatch.setattr(mod, "CLOSE_SIDES", (0.5,))  # the half-height grid alone
     assert cover()[0] == 0.0
+
+
+def test_a_turned_face_both_mediapipe_models_miss_is_found_by_the_still_model():
+    """LFW face 30 (turned, low detail, upscaled x5 onto a photo): neither MediaPipe model finds it
+    on any grid, closer look or zoom-out; the still model (MTCNN, another family) does, on a still,
+    and the whole face is covered and changed."""
+    x, y, side = 300, 200, 120
+    img = _lfw_still(30, side, x, y, "camera")
+
+    def cover(face: FacePolicy) -> tuple[float, np.ndarray, str]:
+        o = FaceBlurOperator(FaceBlurConfig(secret=SECRET, face=face))
+        o.setup()
+        out = run(o, frames_table([img]))
+        mask = np.zeros((720, 1280), bool)
+        for b in out.column("face_boxes")[0].as_py():
+            mask[b["y0"]:b["y1"], b["x0"]:b["x1"]] = True
+        return float(mask[y:y + side, x:x + side].mean()), out_frames(out)[0], out.column("deid")[0].as_py()["detector"]
+
+    covered, got, detector = cover(FacePolicy())
+    assert covered == 1.0 and "+mtcnn@facenet-pytorch-" in detector
+    assert np.abs(got[y:y + side, x:x + side].astype(np.int16) - img[y:y + side, x:x + side]).mean() > 20
+    assert cover(FacePolicy(still_model="none"))[0] == 0.0
+
+
+def test_the_still_model_runs_on_sparse_frames_only(monkeypatch):
+    """MTCNN costs ~115 ms per 720p frame: in a dense 25 fps stream it sees the stream's last frame
+    only (the tracks cover the rest); frames a second apart (sampled) each get it."""
+    from modalign.operators.deid import faces as mod
+
+    calls = []
+    real = mod._MtcnnDetector.detect
+    monkeypatch.setattr(mod._MtcnnDetector, "detect", lambda self, rgb: calls.append(1) or real(self, rgb))
+    img = _lfw_still(3, 120, 300, 200, "camera")
+    for step_ns, want in ((40_000_000, 1), (1_000_000_000, 6)):
+        calls.clear()
+        o = FaceBlurOperator(FaceBlurConfig(secret=SECRET))
+        o.setup()
+        table = frames_table([img] * 6)
+        table = table.set_column(table.schema.get_field_index("t_ns"), "t_ns",
+                                 pa.array([k * step_ns for k in range(6)], pa.int64()))
+        out = run(o, table)
+        assert out.num_rows == 6 and len(calls) == want

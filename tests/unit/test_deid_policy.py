@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 def test_default_policy_tag_and_entities():
     pol = DeidPolicy()
     assert pol.tag == DEFAULT_POLICY_TAG
-    assert re.fullmatch(r"modalign-default@9\+[0-9a-f]{8}", pol.tag)
+    assert re.fullmatch(r"modalign-default@10\+[0-9a-f]{8}", pol.tag)
     assert set(pol.text.entities) == set(ALL_TEXT_ENTITIES) >= {"address", "date_of_birth", "national_id"}
     assert (pol.face.action, pol.voice.action, pol.text.action) == ("blur_permute", "anonymise", "pseudonymise")
 
@@ -46,7 +46,7 @@ def test_a_changed_policy_never_keeps_the_default_tag():
                DeidPolicy(text={"actions": {"ip": "mask"}}), DeidPolicy(legal_basis="DPIA-1")]
     tags = [p.tag for p in changed]
     assert len(set(tags)) == len(tags) and DEFAULT_POLICY_TAG not in tags
-    assert all(t.startswith("modalign-default@9+") for t in tags)
+    assert all(t.startswith("modalign-default@10+") for t in tags)
     assert DeidPolicy().tag == DeidPolicy.model_validate_json(DeidPolicy().model_dump_json()).tag  # stable
 
 

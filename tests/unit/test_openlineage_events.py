@@ -27,7 +27,7 @@ pytestmark = pytest.mark.unit
 
 RUN_ID = "1834101708f64e5a89d903f9069ca30b"
 POLICY = RunConfig().policy.tag
-FACE = "mediapipe-face-detection@0.10.21/full-range/tiles2+short-range"
+FACE = "mediapipe-face-detection@0.10.21/full-range/tiles2+short-range+mtcnn@facenet-pytorch-2.6.0/0.9"
 TEXT = "tesseract@5.3.0+spacy-en_core_web_sm@3.8.0+regex@4+names=35280,words=64005"
 PII = "spacy-en_core_web_sm@3.8.0+regex@4+names=35280,words=64005"
 CUSTOM = {ol.DEID_FACET_SCHEMA_URL: ol.deid_facet_schema()}
@@ -139,7 +139,8 @@ def test_the_deid_facet_counts_equal_the_lineage_headers_of_the_rows_each_table_
     assert pdf["methods"] == ["keep", "pseudonymise"]
     video = outputs[str(out / "events/video")][ol.DEID_FACET]
     assert {(d["name"], d["version"]) for d in video["detectors"]} == {
-        ("mediapipe-face-detection", "0.10.21/full-range/tiles2+short-range"), ("tesseract", "5.3.0"),
+        ("mediapipe-face-detection", "0.10.21/full-range/tiles2+short-range"),
+        ("mtcnn", "facenet-pytorch-2.6.0/0.9"), ("tesseract", "5.3.0"),
         ("spacy-en_core_web_sm", "3.8.0"), ("regex", "4+names=35280,words=64005")}
 
 
