@@ -318,8 +318,6 @@ class VoiceAnonymiser:
         return out
 
     def __call__(self, samples: np.ndarray, start_sample: int = 0, source_key: str = "") -> np.ndarray:
-        from scipy.signal import lfilter
-
         x = np.asarray(samples, dtype=np.float64).reshape(-1)
         n, hop, win, p = x.size, self.hop, self.win, self.order
         if n == 0:
@@ -354,7 +352,7 @@ class VoiceAnonymiser:
             # voicing: normalised autocorrelation of the LPC residual over 40 ms around the frame's centre
             rate = self.sample_rate_hz
             long = buf[hop + np.arange(4 * hop)[None, :] + pos[idx]]
-            long_res = np.stack([lfilter(a[k], [1.0], long[i])[p:] for i, k in enumerate(idx)])
+            long_res = _inverse_filtered(long, a[idx])
             voicing = np.zeros(n_frames)
             voicing[idx] = np.clip((_periodicity(long_res, np.arange(rate // 400, rate // 70 + 1)) - 0.35) / 0.3,
                                    0.0, 1.0)
@@ -379,6 +377,15 @@ class VoiceAnonymiser:
                 out[k * hop:k * hop + NFFT] += synth[k]
         lo = start - (j0 - 1) * hop
         return out[lo:lo + n].astype(np.float32)
+
+
+def _inverse_filtered(x: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """Each row of ``x`` through the FIR filter of the same row of ``a`` (an LPC inverse filter), only
+    the samples with a full history: ``lfilter(a[i], [1], x[i])[p:]`` for every row at once (without
+    scipy.signal, whose import alone costs an actor about 1.7 CPU s)."""
+    p = a.shape[1] - 1
+    windows = np.lib.stride_tricks.sliding_window_view(x, p + 1, axis=1)  # (rows, n - p, p + 1): x[j .. j + p]
+    return np.einsum("rjk,rk->rj", windows, a[:, ::-1])
 
 
 def _periodicity(e: np.ndarray, lags: np.ndarray) -> np.ndarray:

@@ -335,3 +335,20 @@ def test_anonymised_voice_is_below_the_same_speaker_threshold_for_both_attackers
     # the old fixed-alpha McAdams: the lazy-informed attacker links it (one consistent pseudo-voice)
     mc = {(s, i): emb(McAdamsTransform(0.8)(u.samples)) for s, us in corpus.items() for i, u in enumerate(us)}
     assert np.mean([mc[(s, 0)] @ mc[(s, 1)] for s in corpus]) > lazy.mean() + 0.1
+
+
+def test_inverse_filter_equals_scipy_lfilter_per_row():
+    """The anonymiser's residual (LPC inverse filter, full-history samples) is scipy's FIR filter,
+    computed for every frame at once without importing scipy.signal."""
+    from scipy.signal import lfilter
+
+    from modalign.operators.deid.voice import _inverse_filtered
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((9, 640))
+    a = rng.standard_normal((9, 17))
+    a[:, 0] = 1.0
+    want = np.stack([lfilter(a[i], [1.0], x[i])[16:] for i in range(9)])
+    got = _inverse_filtered(x, a)
+    assert got.shape == (9, 624)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
