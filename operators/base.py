@@ -92,8 +92,10 @@ class TableOperator(Operator[C]):
         """Schema of ``process``'s output for a given input schema (default: unchanged)."""
         return input_schema
 
-    def flush(self) -> list[pa.Table]:
-        """End of a stream: the rows still held back, in order (default: none are held)."""
+    def flush(self, cut: bool = False) -> list[pa.Table]:
+        """End of a stream: the rows still held back, in order (default: none are held).
+        ``cut``: the stream goes on past the last row given (a video range that ends inside its
+        overlap with the next), for an operator that treats a stream's last row apart."""
         return []
 
     def reset(self) -> None:

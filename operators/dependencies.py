@@ -94,6 +94,20 @@ def require(name: str) -> ModuleType:
         raise dep.error() from e
 
 
+def require_installed(name: str) -> None:
+    """Raise ``DependencyMissingError`` when module ``name`` (declared in ``PACKAGES``) is not
+    installed, without importing it (a model loaded later, on first use, fails here at setup)."""
+    import importlib.util
+
+    dep = _dependency(name)
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise dep.error()
+
+
 def binary(name: str) -> str:
     """The path of executable ``name`` (declared in ``BINARIES``) on PATH; raises
     ``DependencyMissingError`` naming its Debian package when it is not there."""

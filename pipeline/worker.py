@@ -282,8 +282,10 @@ class IngestWorker:
                     clean = op.process(clean)
                 del raw  # the raw batch ends here, in this process
                 yield clean
-            for k, op in enumerate(ops[1:], start=2):  # end of stream: held-back rows, in order
-                for held in op.flush():
+            # end of stream: held-back rows, in order (a video range that is not the last ends in a cut)
+            cut = ctx.window is not None and not ctx.window.last and source_error is None
+            for k, op in enumerate(ops[1:], start=2):
+                for held in op.flush(cut=cut):
                     for later in ops[k:]:
                         held = later.process(held)
                     yield held

@@ -115,7 +115,7 @@ from pydantic import Field
 
 from modalign.operators.base import OperatorConfig, TableOperator
 from modalign.operators.deid.face_tracks import CONFIRM_SCORE, FaceTracks, Hindsight, overlap
-from modalign.operators.dependencies import require
+from modalign.operators.dependencies import require, require_installed
 from modalign.schemas.errors import ComplianceError, InputError
 from modalign.schemas.arrow import arrow_type
 from modalign.schemas.policy import DEFAULT_POLICY_TAG, FacePolicy
@@ -428,14 +428,19 @@ class _MtcnnDetector:
     0.9; its finds are recall the MediaPipe verification would refuse, so it is not applied to them)."""
 
     def __init__(self) -> None:
-        from importlib.metadata import version
-
         torch = require("torch")
         fp = require("facenet_pytorch")
         self._torch = torch
         self._m = fp.MTCNN(keep_all=True, min_face_size=STILL_MIN_FACE, thresholds=[0.6, 0.7, STILL_SCORE],
                            post_process=False, device="cpu")
-        self.name = f"mtcnn@facenet-pytorch-{version('facenet-pytorch')}/{STILL_SCORE}"
+        self.name = self.model_name()
+
+    @staticmethod
+    def model_name() -> str:
+        """The name lineage records (known before the model is loaded)."""
+        from importlib.metadata import version
+
+        return f"mtcnn@facenet-pytorch-{version('facenet-pytorch')}/{STILL_SCORE}"
 
     def detect(self, rgb: np.ndarray) -> list[tuple[float, float, float, float, float]]:
         h, w = rgb.shape[:2]
@@ -560,25 +565,34 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
         if cfg.face.action != "keep" and self._detector is None:
             self._detector = _MediapipeDetector(cfg.model_selection, cfg.face.min_score, cfg.face.tiles,
                                                 cfg.face.second_pass, cfg.face.reuse_threshold)
-        if cfg.face.action != "keep" and cfg.face.still_model == "mtcnn" and self._still is None:
-            self._still = _MtcnnDetector()
+        if cfg.face.action != "keep" and cfg.face.still_model == "mtcnn":
+            require_installed("facenet_pytorch")  # loaded on its first frame (``_still_model``)
         self._ready = True
+
+    def _still_model(self) -> "_MtcnnDetector | None":
+        """The still model, loaded on the first frame that gets it (importing it costs ~1.9 CPU s, and
+        an actor that decodes only dense video up to a range's cut never runs it); None: off."""
+        if self._still is None and self.config.face.action != "keep" and self.config.face.still_model == "mtcnn":
+            self._still = _MtcnnDetector()
+        return self._still
 
     def reset(self) -> None:
         """Drop the held-back frames (withheld, never emitted) and the face tracks."""
         self._seg = None
         self._done.clear()
 
-    def flush(self) -> list[pa.Table]:
+    def flush(self, cut: bool = False) -> list[pa.Table]:
         """End of stream: the held-back frames, anonymised (the last one scanned as the
         stream's last frame), in stream order, one table per frame shape. The operator is then
-        ready for another stream."""
+        ready for another stream. ``cut``: the video goes on past the last frame given (a range
+        of it ends inside its overlap), so that frame is scanned as the dense frame it is in the
+        whole video, not as a last frame (which gets every pass and the still model)."""
         if self.config.face.action == "keep":
             return []
         self.ensure_setup()
         try:
             if self._seg is not None:
-                self._finish()
+                self._finish(cut)
         except BaseException:
             self.reset()
             raise
@@ -592,7 +606,8 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
         if self.config.face.action == "keep":
             return "none"
         name = getattr(self._detector, "name", "mediapipe-face-detection")
-        return name + (f"+{self._still.name}" if self._still is not None else "")
+        still = self.config.face.still_model == "mtcnn"
+        return name + (f"+{_MtcnnDetector.model_name()}" if still else "")
 
     def output_schema(self, input_schema: pa.Schema) -> pa.Schema:
         return region_schema(input_schema, FACE_BOXES, DEID)
@@ -660,11 +675,14 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
                             FaceTracks(w, h, pol.track_hold_s))
         return _Segment(stream, schema, shape, _Spread(pol.temporal_window), None)
 
-    def _finish(self) -> None:
-        """End of a stream or a segment: scan the waiting row as the last one, emit every row."""
+    def _finish(self, cut: bool = False) -> None:
+        """End of a stream or a segment: scan the waiting row as the last one (``cut``: as one
+        followed a frame interval later), emit every row."""
         seg = self._seg
         if seg.waiting is not None:
-            self._scan(seg, seg.waiting, None)
+            row = seg.waiting
+            step = row.t_ns - seg.scanned_t if seg.scanned_t is not None else None
+            self._scan(seg, row, row.t_ns + step if cut and step else None)
             seg.waiting = None
         self._emit(seg, seg.resolver.pop(end=True))
         self._seg = None
@@ -744,8 +762,8 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
                 closer = self._detector.detect_close(img) if close and hasattr(self._detector, "detect_close") else []
                 if tiled and fine and (close or not (raw or closer)) and hasattr(self._detector, "detect_wide"):
                     wide = self._detector.detect_wide(img)
-                if close and self._still is not None:
-                    still = self._still.detect(img)
+                if close and (model := self._still_model()) is not None:
+                    still = model.detect(img)
             else:
                 raw, closer = self._detector.detect_near(img, near), []
         except Exception:

@@ -270,10 +270,11 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
         self._state = None
         self._done.clear()
 
-    def flush(self) -> list[pa.Table]:
+    def flush(self, cut: bool = False) -> list[pa.Table]:
         """End of stream: the held-back frames, anonymised (the last valid one is OCRed as a
-        final sample), and anything else not returned yet; in stream order, one table per
-        frame shape. The operator is then ready for another stream."""
+        final sample, a cut too: ``cut`` changes nothing here), and anything else not returned
+        yet; in stream order, one table per frame shape. The operator is then ready for another
+        stream."""
         if self.config.action == "keep":
             return []
         self.ensure_setup()

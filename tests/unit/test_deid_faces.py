@@ -679,3 +679,32 @@ def test_the_still_model_runs_on_sparse_frames_only(monkeypatch):
                                  pa.array([k * step_ns for k in range(6)], pa.int64()))
         out = run(o, table)
         assert out.num_rows == 6 and len(calls) == want
+
+
+def test_a_range_cut_is_no_last_frame_and_the_still_model_loads_on_first_use(monkeypatch):
+    """A video range that ends in a cut (the next range goes on) flushes with ``cut``: its last
+    frame is scanned as the dense frame it is in the whole video, so the still model neither
+    runs nor loads (an actor that only decodes such ranges never imports it). The same frames
+    flushed as a stream's end get it on the last frame. Both cover the face in every frame."""
+    from modalign.operators.deid import faces as mod
+
+    calls = []
+    real = mod._MtcnnDetector.detect
+    monkeypatch.setattr(mod._MtcnnDetector, "detect", lambda self, rgb: calls.append(1) or real(self, rgb))
+    img = _lfw_still(3, 120, 300, 200, "camera")
+    table = frames_table([img] * 6)
+    table = table.set_column(table.schema.get_field_index("t_ns"), "t_ns",
+                             pa.array([k * 40_000_000 for k in range(6)], pa.int64()))
+    outs = {}
+    for cut in (True, False):
+        calls.clear()
+        o = FaceBlurOperator(FaceBlurConfig(secret=SECRET))
+        o.setup()
+        assert o._still is None  # nothing loaded at setup
+        got = [o.process(table)] + o.flush(cut=cut)
+        outs[cut] = pa.concat_tables([t for t in got if t.num_rows])
+        assert outs[cut].num_rows == 6
+        assert len(calls) == (0 if cut else 1) and (o._still is None) == cut
+        assert o.detector_name.endswith("+mtcnn@facenet-pytorch-2.6.0/0.9")  # the same name, loaded or not
+        frames = out_frames(outs[cut])
+        assert all((frames[k][200:320, 300:420] != img[200:320, 300:420]).mean() > 0.9 for k in range(6))
