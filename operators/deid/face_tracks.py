@@ -100,11 +100,28 @@ class FaceTracks:
                     out.append(box)
         return out
 
-    def continues(self, t_ns: int, det: BoxT) -> bool:
-        """Would ``det`` continue a live track (no state change)?"""
+    def continuing(self, t_ns: int, detections: list[BoxT]) -> list[BoxT]:
+        """The ``detections`` that would continue a live track (no state change): each track takes
+        its best match among them, as ``update`` assigns them, so a detection beside a tracked face
+        that the face's own detection outmatches continues nothing (a weak box on a body below a
+        face reaches into the face's padded box)."""
         if self.last_t_ns is not None and t_ns <= self.last_t_ns:
-            return False
-        return any(_matches(track.predict(t_ns), det) for track in self.tracks)
+            return []
+        return [d for _track, d in self._assign(t_ns, detections) if d is not None]
+
+    def _assign(self, t_ns: int, detections: list[BoxT]) -> list[tuple[_Track, BoxT | None]]:
+        """Each track, most certain first, with the free detection it continues (None: missed)."""
+        free = list(detections)
+        out: list[tuple[_Track, BoxT | None]] = []
+        for track in sorted(self.tracks, key=lambda tr: (-tr.confirmed, -tr.score, tr.id)):
+            guess = track.predict(t_ns)
+            best = max(free, key=lambda d: overlap(guess, d), default=None)
+            if best is not None and _matches(guess, best):
+                free.remove(best)
+                out.append((track, best))
+            else:
+                out.append((track, None))
+        return out
 
     def update(self, t_ns: int, detections: list[BoxT], confident: bool = True) -> list[Seen]:
         """Feed one frame's detections; returns every live track's box in this frame.
@@ -118,10 +135,9 @@ class FaceTracks:
         free = list(detections)
         seen: list[Seen] = []
         kept: list[_Track] = []
-        for track in sorted(self.tracks, key=lambda tr: (-tr.confirmed, -tr.score, tr.id)):
+        for track, best in self._assign(t_ns, detections):
             guess = track.predict(t_ns)
-            best = max(free, key=lambda d: overlap(guess, d), default=None)
-            if best is not None and _matches(guess, best):
+            if best is not None:
                 free.remove(best)
                 self._update(track, best, t_ns)
                 kept.append(track)

@@ -714,7 +714,8 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
             if missed:  # a tracked face a full scan lost: look again, closer (between scans, tracks interpolate)
                 boxes = _dedupe(boxes + self._detect(row, tiled, fine, near=missed))
             if second:  # a weak detection that starts no track must be seen again up close (hands, textures)
-                boxes = [b if b[4] >= CONFIRM_SCORE or b in checked or tracks.continues(t, b) else self._verified(row, b)
+                continuing = tracks.continuing(t, boxes)
+                boxes = [b if b[4] >= CONFIRM_SCORE or b in checked or b in continuing else self._verified(row, b)
                          for b in boxes]
                 boxes = [b for b in boxes if b is not None]
             seen = tracks.update(t, boxes, confident=scan)

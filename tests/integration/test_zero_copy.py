@@ -25,7 +25,8 @@ def _deid_frames() -> pa.Table:
     (out,) = op.flush()
     face = (304, 111)  # the astronaut's face (its detection: x 277-331, y 81-142)
     for boxes, got in zip(out.column("face_boxes").to_pylist(), out.column("frame").chunk(0).to_numpy_ndarray()):
-        assert any(b["x0"] <= face[0] < b["x1"] and b["y0"] <= face[1] < b["y1"] for b in boxes)  # found ...
+        # found, with one box (a weak box on the suit below it continues no track: it is looked at again, refused) ...
+        assert len(boxes) == 1 and boxes[0]["x0"] <= face[0] < boxes[0]["x1"] and boxes[0]["y0"] <= face[1] < boxes[0]["y1"]
         assert np.abs(got[81:142, 277:331].astype(int) - canvas[81:142, 277:331]).mean() > 30  # ... and anonymised
     return out
 

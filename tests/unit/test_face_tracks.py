@@ -64,6 +64,20 @@ def test_detections_continue_their_track_and_time_going_back_starts_over():
     assert tracks.step(0, []) == []  # the same times again (a re-processed table): no state from before
 
 
+def test_a_box_beside_a_tracked_face_continues_nothing_when_the_face_is_found_too():
+    """A weak box below a tracked face (a body, reaching into the face's padded box) does not
+    continue the face's track while the face's own detection is there: the track takes its best
+    match, so the weak box still needs its closer look. Alone, it would continue the track."""
+    tracks = FaceTracks(W, H, hold_s=0.5)
+    face = (100, 50, 200, 170, 0.95)
+    tracks.step(0, [face])
+    body = (110, 150, 210, 260, 0.55)  # its top overlaps the face's box by more than MATCH_OVERLAP
+    assert tracks.continuing(FRAME_NS, [face, body]) == [face]
+    assert tracks.continuing(FRAME_NS, [body]) == [body]
+    assert tracks.continuing(0, [face]) == []  # time did not advance: no track is continued
+    assert len(tracks.tracks) == 1  # no state change
+
+
 @pytest.fixture(scope="module")
 def moving_face() -> list[np.ndarray]:
     """A real face crossing a grey background at 300 px/s; frames 12-17 motion-blurred (fast pan)."""
