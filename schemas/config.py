@@ -145,6 +145,9 @@ class EmbedConfig(_Strict):
     text_model_path: Path | None = Field(None, description="a sentence-transformers folder; None: the packaged MiniLM")
     text_model: str = Field("all-minilm-l6-v2", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
                             description="name recorded in the text model_id (NAME@HASH); set it with text_model_path")
+    text_backend: Literal["auto", "native", "sentence-transformers"] = Field(
+        "auto", description="auto: a BERT folder with mean pooling (the packaged MiniLM) runs in plain torch, any "
+                            "other in sentence-transformers; native: plain torch or a config error")
     image_fps: float = Field(1.0, gt=0, le=240, description="video frames embedded per second of video")
     roi_boxes: list[tuple[int, int, int, int]] = Field(
         default_factory=list, max_length=64,

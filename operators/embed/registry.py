@@ -51,7 +51,7 @@ def text_embed_config(embed: EmbedConfig) -> Any:
     from modalign.operators.embed.text import TextEmbedConfig
 
     return TextEmbedConfig(model_path=embed.text_model_path, batch_size=embed.batch_size, device=embed.device,
-                           model=embed.text_model)
+                           model=embed.text_model, backend=embed.text_backend)
 
 
 def _image(modality: str, embed: EmbedConfig, cache: FeatureCache | None) -> TableOperator:
