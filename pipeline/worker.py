@@ -283,9 +283,10 @@ class IngestWorker:
                 del raw  # the raw batch ends here, in this process
                 yield clean
             # end of stream: held-back rows, in order (a video range that is not the last ends in a cut)
-            cut = ctx.window is not None and not ctx.window.last and source_error is None
+            window = getattr(ctx, "window", None)
+            cut = window is not None and not window.last and source_error is None
             for k, op in enumerate(ops[1:], start=2):
-                for held in op.flush(cut=cut):
+                for held in (op.flush(cut=True) if cut else op.flush()):  # (an operator of before cut: flush())
                     for later in ops[k:]:
                         held = later.process(held)
                     yield held
