@@ -633,7 +633,7 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
 
     def _add(self, table: pa.Table, frames: pa.ExtensionArray) -> None:
         """Scan this table's rows (each once the next row is known), emit the final ones."""
-        stream, first, last = _stream_key(table)
+        stream, first, last = stream_span(table)
         shape = (int(frames.type.shape[0]), int(frames.type.shape[1]))
         seg = self._seg
         if seg is not None:
@@ -974,8 +974,9 @@ def _passes(scan: bool, flags: list[tuple[bool, bool, bool] | None], last: bool,
     return both, both
 
 
-def _stream_key(table: pa.Table) -> tuple[str | None, int | None, int | None]:
-    """(stream id from the event_id prefix, first and last t_ns or frame_index)."""
+def stream_span(table: pa.Table) -> tuple[str | None, int | None, int | None]:
+    """(stream id from the event_id prefix, first and last t_ns or frame_index) of a table: which
+    stream its rows continue, and where (the operators that carry state across tables use it)."""
     stream = None
     if "event_id" in table.column_names and table.num_rows:
         first = table.column("event_id")[0].as_py()

@@ -101,8 +101,8 @@ import pyarrow as pa
 from pydantic import Field
 
 from modalign.operators.base import OperatorConfig, TableOperator
-from modalign.operators.deid.faces import (_stream_key, anonymise_region, event_ids, first_str, frame_array,
-                                           frames_like, region_schema, take_run, tensor_view, with_regions)
+from modalign.operators.deid.faces import (anonymise_region, event_ids, first_str, frame_array, frames_like,
+                                           region_schema, stream_span, take_run, tensor_view, with_regions)
 from modalign.operators.deid.names import load_nlp
 from modalign.operators.deid.recognisers import RULES_VERSION, detect_batch, detector_name
 from modalign.operators.dependencies import binary, missing, require, require_tesseract_langs
@@ -342,7 +342,7 @@ class FrameTextOperator(TableOperator[FrameTextConfig]):
     def _add(self, table: pa.Table, frames: pa.ExtensionArray) -> None:
         """OCR this table's grid samples, extend the held rows by it and emit what is final."""
         cfg = self.config
-        stream, first, last = _stream_key(table)
+        stream, first, last = stream_span(table)
         st = self._state
         if st is not None:
             later = st.last_order is None or first is None or first > st.last_order
