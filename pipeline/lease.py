@@ -91,6 +91,7 @@ class Lease:
         self.writer = writer
         self.ttl_s = ttl_s
         self.records = Sequence(store, f"{LEASE_PREFIX}/{name}", "g")
+        self.name = name
         self.on_lost = on_lost
         self.record: LeaseRecord | None = None
         self.took_over: LeaseRecord | None = None  # the stale record this lease replaced
@@ -175,8 +176,13 @@ class Lease:
             self.check()
         except OutputLockedError:
             return  # taken over: the record is someone else's now
-        self.store.put(self._key(self.record.generation),
-                       json.dumps(asdict(replace(self.record, released=True, swept=self.swept))).encode())
+        try:
+            self.store.put(self._key(self.record.generation),
+                           json.dumps(asdict(replace(self.record, released=True, swept=self.swept))).encode())
+        except OSError as exc:  # OUT full, read-only or failing: the record stays live until its ttl
+            raise EnvironmentFaultError(
+                f"cannot release the lease of {self.name!r} ({exc}); it expires {self.ttl_s:g} s after its last "
+                "heartbeat, then another writer may take OUT") from exc
         self.record = None
 
     def _beat(self) -> None:
@@ -197,5 +203,11 @@ class Lease:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if exc is None:
+            self.release()
+            return
+        try:  # the error that ended the work is the one to report, not a release it made impossible
+            self.release()
+        except (OSError, EnvironmentFaultError) as err:
+            log.warning("%s", getattr(err, "message", err))

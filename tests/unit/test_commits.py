@@ -118,6 +118,31 @@ def test_the_refusal_names_what_holds_the_lease_and_a_record_with_newer_fields_s
         Lease(store, "f" * 32).acquire()
 
 
+def test_a_release_the_full_disk_prevents_does_not_hide_the_error_that_ended_the_run(tmp_path, monkeypatch):
+    """OUT fills up mid-run: the run's own EnvironmentFaultError is what leaves the ``with``, not
+    the OSError of the lease's release (which the full disk makes fail too); the record stays
+    live until its ttl. Without an error in flight, a failed release is an EnvironmentFaultError
+    naming the lease."""
+    from modalign.schemas.errors import EnvironmentFaultError
+
+    def full(*_a, **_k):
+        raise OSError(28, "No space left on device")
+
+    store = LocalStore(tmp_path)
+    with pytest.raises(EnvironmentFaultError, match="cannot write the events"):
+        with Lease(store, "a" * 32, ttl_s=30):
+            monkeypatch.setattr(store, "put", full)
+            raise EnvironmentFaultError("cannot write the events (No space left on device)")
+    monkeypatch.undo()
+    assert not LeaseRecord(**json.loads(store.get(Lease(store, "x" * 32)._key(1)))).released
+    with pytest.raises(OutputLockedError):  # still held: this process lives and its ttl has not passed
+        Lease(store, "b" * 32).acquire()
+    other = LocalStore(tmp_path / "other")
+    with pytest.raises(EnvironmentFaultError, match=r"cannot release the lease of 'out' .*No space left"):
+        with Lease(other, "b" * 32):
+            monkeypatch.setattr(other, "put", full)
+
+
 def test_a_live_remote_holder_blocks_and_a_stale_one_is_taken_over(tmp_path):
     store = LocalStore(tmp_path)
     _record(store, generation=1)
