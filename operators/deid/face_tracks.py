@@ -107,20 +107,21 @@ class FaceTracks:
         face reaches into the face's padded box)."""
         if self.last_t_ns is not None and t_ns <= self.last_t_ns:
             return []
-        return [d for _track, d in self._assign(t_ns, detections) if d is not None]
+        return [d for _track, _guess, d in self._assign(t_ns, detections) if d is not None]
 
-    def _assign(self, t_ns: int, detections: list[BoxT]) -> list[tuple[_Track, BoxT | None]]:
-        """Each track, most certain first, with the free detection it continues (None: missed)."""
+    def _assign(self, t_ns: int, detections: list[BoxT]) -> list[tuple[_Track, FBox, BoxT | None]]:
+        """Each track, most certain first, with its predicted box and the free detection it
+        continues (None: missed)."""
         free = list(detections)
-        out: list[tuple[_Track, BoxT | None]] = []
+        out: list[tuple[_Track, FBox, BoxT | None]] = []
         for track in sorted(self.tracks, key=lambda tr: (-tr.confirmed, -tr.score, tr.id)):
             guess = track.predict(t_ns)
             best = max(free, key=lambda d: overlap(guess, d), default=None)
             if best is not None and _matches(guess, best):
                 free.remove(best)
-                out.append((track, best))
+                out.append((track, guess, best))
             else:
-                out.append((track, None))
+                out.append((track, guess, None))
         return out
 
     def update(self, t_ns: int, detections: list[BoxT], confident: bool = True) -> list[Seen]:
@@ -135,8 +136,7 @@ class FaceTracks:
         free = list(detections)
         seen: list[Seen] = []
         kept: list[_Track] = []
-        for track, best in self._assign(t_ns, detections):
-            guess = track.predict(t_ns)
+        for track, guess, best in self._assign(t_ns, detections):
             if best is not None:
                 free.remove(best)
                 self._update(track, best, t_ns)

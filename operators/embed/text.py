@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -183,19 +184,13 @@ class TextEncoder(Operator[TextEmbedConfig]):
         import torch
 
         self.forward_calls += 1
-        if isinstance(model, bert.BertSentenceEncoder):
-            if self.device and self.device.startswith("cuda"):
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    return l2_normalise(model.encode(texts, self.config.batch_size))
-            return l2_normalise(model.encode(texts, self.config.batch_size))
-        kw = dict(batch_size=self.config.batch_size, convert_to_numpy=True, normalize_embeddings=True,
-                  show_progress_bar=False)
-        with torch.inference_mode():
-            if self.device and self.device.startswith("cuda"):
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    out = model.encode(texts, **kw)
+        on_gpu = bool(self.device and self.device.startswith("cuda"))
+        with torch.inference_mode(), (torch.autocast("cuda", dtype=torch.bfloat16) if on_gpu else nullcontext()):
+            if isinstance(model, bert.BertSentenceEncoder):
+                out = model.encode(texts, self.config.batch_size)
             else:
-                out = model.encode(texts, **kw)
+                out = model.encode(texts, batch_size=self.config.batch_size, convert_to_numpy=True,
+                                   normalize_embeddings=True, show_progress_bar=False)
         return l2_normalise(np.asarray(out, dtype=np.float32))
 
     def key_for(self, text: str) -> str:
