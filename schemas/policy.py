@@ -80,8 +80,9 @@ class FacePolicy(_Strict):
         description="also detect on an n x n grid of overlapping tiles (faces down to ~50 px in 720p); 1: whole frame only",
     )
     tile_every: Literal[1, 2] = Field(
-        2, description="2: the tiled and fine passes run on every other scanned frame of a dense stream; the frames "
-                       "between get the whole frame and a close look at each track it missed"
+        2, description="2: in a dense stream only every other frame is scanned; with tracking the frames between are "
+                       "not detected at all (the face tracks carry each face there and interpolate it between two "
+                       "scans), without it they get the whole frame only"
     )
     full_every: int = Field(
         2, ge=1, le=8,
