@@ -60,10 +60,12 @@ is dead when that pid is gone, or belongs to a process started after the session
 
 from __future__ import annotations
 
+import atexit
 import ipaddress
 import logging
 import os
 import re
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -97,16 +99,44 @@ def start_local_ray(num_cpus: int, temp_dir: Path) -> None:
     reaped = reap_orphans(temp_dir)
     if reaped:
         log.warning("ended %d Ray process(es) left by killed runs in %s", reaped, temp_dir)
+    atexit.unregister(stop_monitor)
+    atexit.register(stop_monitor)  # after Ray's own handler (registered on its import), so it runs first
     with _ray_clusters_disabled():
         context = ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
                            _temp_dir=str(ray_folder(temp_dir)), _node_ip_address=LOOPBACK)
     node_ip = context.address_info["node_ip_address"]
     if not ipaddress.ip_address(node_ip).is_loopback:
+        stop_monitor()
         ray.shutdown()
         raise EnvironmentFaultError(
             f"local Ray {ray.__version__} took the node IP {node_ip}, not loopback, so it would listen on "
             "the network; install the Ray version modalign pins, or start a cluster yourself and set "
             "runtime.address")
+
+
+def stop_monitor() -> None:
+    """End the local Ray's autoscaler monitor (SIGKILL) before ``ray.shutdown`` ends the rest.
+
+    ``ray.shutdown`` ends the raylet, then the GCS, then the monitor, each with SIGTERM and up
+    to 1 s to exit. The monitor's SIGTERM handler reports its own death to the GCS, which is
+    gone by then, so it never exits in time: every shutdown waited the whole second, then
+    SIGKILLed it (a third of a 60 s run's tail). A fixed-size local cluster has nothing for an
+    autoscaler to do and the monitor keeps no state, so it is killed first. Registered at exit
+    by ``start_local_ray`` (it runs before Ray's own handler); a no-op when this process did not
+    start the Ray it is connected to, or after ``ray.shutdown``."""
+    import ray
+    from ray._private import ray_constants
+
+    node = getattr(ray._private.worker, "_global_node", None)
+    if node is None or not node.head:
+        return
+    for info in node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, []):
+        if info.process.poll() is None:
+            info.process.kill()
+            try:
+                info.process.wait(timeout=TERMINATE_GRACE_S)
+            except subprocess.TimeoutExpired:
+                log.warning("Ray's autoscaler monitor (pid %d) did not exit when killed", info.process.pid)
 
 
 def join_ray(address: str) -> None:

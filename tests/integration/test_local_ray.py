@@ -193,3 +193,38 @@ def test_a_sigkilled_driver_leaves_no_ray_process_once_reaped(start_driver, temp
     lasting = {pid: name for pid, name in live_procs.items() if name != "ray::IDLE"}  # Ray retires idle workers
     assert {"gcs_server", "raylet", "ray::Echo"} <= set(lasting.values())
     assert {pid: name for pid, name in lasting.items() if not _alive(pid)} == {}
+
+
+EXITING_DRIVER = """
+import sys
+from pathlib import Path
+import ray
+from ray._private import ray_constants
+from modalign.pipeline.local_ray import start_local_ray, stop_monitor
+
+start_local_ray(1, Path(sys.argv[1]))
+monitor = ray._private.worker._global_node.all_processes[ray_constants.PROCESS_TYPE_MONITOR][0].process
+print("MONITOR", monitor.pid, monitor.poll(), flush=True)
+stop_monitor()
+
+@ray.remote(num_cpus=0)
+def add(a, b):
+    return a + b
+
+print("AFTER", monitor.poll(), ray.get(add.remote(2, 3)), flush=True)
+"""
+
+
+def test_the_monitor_is_killed_first_and_a_driver_that_exits_leaves_nothing(temp_dir):
+    # ray.shutdown SIGTERMs the monitor after the GCS; its handler then blocks reporting to the
+    # dead GCS until the SIGKILL a second later. stop_monitor kills it first (also at exit).
+    out = subprocess.run([sys.executable, "-c", EXITING_DRIVER, str(temp_dir)], capture_output=True, text=True,
+                         timeout=120, check=True)
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.split(" ")[0] in ("MONITOR", "AFTER"))
+    assert lines["MONITOR"].split()[1] == "None"  # running before
+    assert lines["AFTER"] == "-9 5"  # killed, and the cluster still runs tasks without it
+    assert "Terminated with signal" not in out.stderr
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while time.monotonic() < deadline and any(session_processes(temp_dir).values()):
+        time.sleep(0.5)
+    assert not any(session_processes(temp_dir).values()), session_processes(temp_dir)
