@@ -116,8 +116,10 @@ COLUMN_LINEAGE: dict[str, dict[str, tuple[tuple[str, str, str, str], ...]]] = {
 }
 
 
+@functools.lru_cache(maxsize=1)
 def producer() -> str:
-    """The ``producer`` / ``_producer`` URI of our events: the project and modalign's version."""
+    """The ``producer`` / ``_producer`` URI of our events: the project and modalign's version
+    (looked up once: reading the installed metadata costs ~10 ms, and every facet names it)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
