@@ -63,7 +63,17 @@ class LogMelMfcc:
                              f"n_mels={n_mels}, win={win}, hop={hop})")
         self.n_mfcc, self.win, self.hop = n_mfcc, win, hop
         self._window = 0.5 - 0.5 * np.cos(2.0 * np.pi * np.arange(win) / win)  # periodic Hann
-        self._fb = mel_filterbank(win, n_mels, sample_rate)
+        fb = mel_filterbank(win, n_mels, sample_rate)
+        # Each filter is a run of bins (a triangle): the mel energies are sums over those runs, a
+        # gather and ``np.add.reduceat`` (~4x faster than a dense product with the mostly-zero bank)
+        runs = []
+        for m in range(n_mels):
+            nz = np.flatnonzero(fb[:, m])
+            lo, hi = (nz[0], nz[-1] + 1) if nz.size else (int(fb[:, m].argmax()), int(fb[:, m].argmax()) + 1)
+            runs.append(np.arange(lo, hi))
+        self._bins = np.concatenate(runs)
+        self._weights = np.concatenate([fb[r, m] for m, r in enumerate(runs)])
+        self._starts = np.cumsum([0] + [len(r) for r in runs[:-1]])
         self._dct = dct_ortho(n_mfcc, n_mels)
 
     def __call__(self, samples: np.ndarray) -> np.ndarray:
@@ -73,7 +83,7 @@ class LogMelMfcc:
         frames = np.lib.stride_tricks.sliding_window_view(x, self.win)[:: self.hop] * self._window
         spec = np.fft.rfft(frames, axis=1)
         power = spec.real ** 2 + spec.imag ** 2
-        # einsum, not matmul: BLAS picks its kernel (and so the order of each sum) by the number of
-        # rows, which would make a frame's last bits depend on where its chunk began
-        mel = np.einsum("fb,bm->fm", power, self._fb)
+        # Row by row, never a BLAS product: BLAS picks its kernel (and so the order of each sum) by
+        # the number of rows, which would make a frame's last bits depend on where its chunk began
+        mel = np.add.reduceat(power[:, self._bins] * self._weights, self._starts, axis=1)
         return np.einsum("fm,mc->fc", np.log(mel + LOG_OFFSET), self._dct).astype(np.float32)
