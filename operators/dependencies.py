@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import importlib.util
 import shutil
 import sys
 import threading
@@ -86,26 +87,28 @@ def missing(name: str, what: str | None = None) -> DependencyMissingError:
     return _dependency(name).error(what)
 
 
-def require(name: str, without: Iterable[str] = ()) -> ModuleType:
+def require(name: str, without: Iterable[str] = (), lazy: Iterable[str] = ()) -> ModuleType:
     """Import and return module ``name`` (``"torch"``, ``"torch.nn.functional"``); its
     top-level package must be declared in ``PACKAGES``. Raises ``DependencyMissingError``
     (chained to the ``ImportError``) when it cannot be imported.
 
     ``without``: top-level packages that ``name``'s own import must not pull in where they are
     optional to it (it sees them as not installed, in this thread, during this import only): spaCy's
-    thinc imports torch when it can (1.4 CPU s), which a CNN pipeline never uses. A package
-    already imported is used as it is."""
+    thinc imports torch when it can (1.4 CPU s), which a CNN pipeline never uses. ``lazy``: modules
+    that ``name``'s import gets as lazy modules (``importlib.util.LazyLoader``: executed on first
+    attribute access, by anyone): mediapipe imports matplotlib.pyplot (0.3 CPU s) for drawing
+    helpers that face detection never calls. A module already imported is used as it is."""
     dep = _dependency(name)
-    hidden = _Hidden({m for m in without if m not in sys.modules})
-    if hidden.names:
-        sys.meta_path.insert(0, hidden)
+    finders = [f for f in (_Hidden({m for m in without if m not in sys.modules}),
+                           _Lazy({m for m in lazy if m not in sys.modules})) if f.names]
+    sys.meta_path[:0] = finders
     try:
         return importlib.import_module(name)
     except ImportError as e:
         raise dep.error() from e
     finally:
-        if hidden.names:
-            sys.meta_path.remove(hidden)
+        for f in finders:
+            sys.meta_path.remove(f)
 
 
 class _Hidden(importlib.abc.MetaPathFinder):
@@ -121,11 +124,29 @@ class _Hidden(importlib.abc.MetaPathFinder):
         return None
 
 
+class _Lazy(importlib.abc.MetaPathFinder):
+    """An import finder that gives the thread that made it the modules ``names`` (full names)
+    as lazy modules: found by the other finders, executed on first use."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+        self.thread = threading.get_ident()
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in self.names or threading.get_ident() != self.thread:
+            return None
+        for finder in sys.meta_path:
+            spec = None if finder is self or not hasattr(finder, "find_spec") else finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = importlib.util.LazyLoader(spec.loader)
+                return spec
+        return None
+
+
 def require_installed(name: str) -> None:
     """Raise ``DependencyMissingError`` when module ``name`` (declared in ``PACKAGES``) is not
     installed, without importing it (a model loaded later, on first use, fails here at setup)."""
-    import importlib.util
-
     dep = _dependency(name)
     try:
         found = importlib.util.find_spec(name) is not None

@@ -306,7 +306,7 @@ class _MediapipeDetector:
 
     def __init__(self, model_selection: int, min_score: float, tiles: int = 1, second: bool = False,
                  reuse_levels: int = 0) -> None:
-        mp = require("mediapipe")
+        mp = require("mediapipe", lazy=("matplotlib.pyplot",))  # for drawing helpers only
         fd = mp.solutions.face_detection
         self._fd = fd.FaceDetection(model_selection=model_selection, min_detection_confidence=min_score)
         self._fd2 = fd.FaceDetection(model_selection=1 - model_selection, min_detection_confidence=min_score) if second else None
