@@ -82,8 +82,12 @@ class LogMelMfcc:
             return np.zeros((0, self.n_mfcc), np.float32)
         frames = np.lib.stride_tricks.sliding_window_view(x, self.win)[:: self.hop] * self._window
         spec = np.fft.rfft(frames, axis=1)
-        power = spec.real ** 2 + spec.imag ** 2
+        power = np.square(spec.real)
+        power += np.square(spec.imag)
         # Row by row, never a BLAS product: BLAS picks its kernel (and so the order of each sum) by
         # the number of rows, which would make a frame's last bits depend on where its chunk began
-        mel = np.add.reduceat(power[:, self._bins] * self._weights, self._starts, axis=1)
-        return np.einsum("fm,mc->fc", np.log(mel + LOG_OFFSET), self._dct).astype(np.float32)
+        runs = power.take(self._bins, axis=1)
+        runs *= self._weights
+        mel = np.add.reduceat(runs, self._starts, axis=1)
+        mel += LOG_OFFSET
+        return np.einsum("fm,mc->fc", np.log(mel, out=mel), self._dct).astype(np.float32)
