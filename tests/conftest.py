@@ -18,10 +18,9 @@ def ray_local():
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
-    from modalign.pipeline.local_ray import stop_monitor
+    from modalign.pipeline.local_ray import stop_local_ray
 
-    stop_monitor()  # else ray.shutdown waits 1 s on it
-    ray.shutdown()
+    stop_local_ray()  # the monitor first, else ray.shutdown waits 1 s on it
 
 
 @pytest.fixture(scope="session")

@@ -217,7 +217,7 @@ print("AFTER", monitor.poll(), ray.get(add.remote(2, 3)), flush=True)
 
 def test_the_monitor_is_killed_first_and_a_driver_that_exits_leaves_nothing(temp_dir):
     # ray.shutdown SIGTERMs the monitor after the GCS; its handler then blocks reporting to the
-    # dead GCS until the SIGKILL a second later. stop_monitor kills it first (also at exit).
+    # dead GCS until the SIGKILL a second later. stop_monitor kills it first (stop_local_ray, at exit).
     out = subprocess.run([sys.executable, "-c", EXITING_DRIVER, str(temp_dir)], capture_output=True, text=True,
                          timeout=120, check=True)
     lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.split(" ")[0] in ("MONITOR", "AFTER"))
