@@ -212,6 +212,8 @@ def add(a, b):
     return a + b
 
 print("AFTER", monitor.poll(), ray.get(add.remote(2, 3)), flush=True)
+print("CONNECT", ray._config.raylet_client_connect_timeout_milliseconds(), ray._config.raylet_client_num_connect_attempts(),
+      flush=True)
 """
 
 
@@ -220,10 +222,13 @@ def test_the_monitor_is_killed_first_and_a_driver_that_exits_leaves_nothing(temp
     # dead GCS until the SIGKILL a second later. stop_monitor kills it first (stop_local_ray, at exit).
     out = subprocess.run([sys.executable, "-c", EXITING_DRIVER, str(temp_dir)], capture_output=True, text=True,
                          timeout=120, check=True)
-    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.split(" ")[0] in ("MONITOR", "AFTER"))
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines()
+                 if line.split(" ")[0] in ("MONITOR", "AFTER", "CONNECT"))
     assert lines["MONITOR"].split()[1] == "None"  # running before
     assert lines["AFTER"] == "-9 5"  # killed, and the cluster still runs tasks without it
     assert "Terminated with signal" not in out.stderr
+    # the raylet's client retries 100 ms apart (a start that lost the race to its own store waited 1 s)
+    assert lines["CONNECT"] == "100 100"
     deadline = time.monotonic() + GONE_WITHIN_S
     while time.monotonic() < deadline and any(session_processes(temp_dir).values()):
         time.sleep(0.5)
