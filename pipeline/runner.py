@@ -648,6 +648,14 @@ class Runner:
             if len(src.pending) > limit:  # backpressure: at most `limit` downstream calls in flight
                 done, src.pending = ray.wait(src.pending, num_returns=len(src.pending) - limit)
                 self._collect(st, done)
+        if src.done is None and not self._stop.is_set():
+            # The stream ended without its last item, quietly: its actor died between an EmbedItem and
+            # its table, whose ref then holds the death. Collected now, an embed call handed it raises
+            # that death (``_collect``) where the caller cuts the source short; so does a stream whose
+            # table went to no call.
+            pending, src.pending = src.pending, []
+            self._collect(st, pending)
+            raise ray.exceptions.RayActorError()
 
     def _cut_short(self, st: _SessionState, src: _SourceStream, exc: Exception, embedder) -> None:
         """The worker died mid-source: quarantine the missing range, keep what arrived."""
@@ -756,12 +764,16 @@ class Runner:
 
     def _get(self, refs: Any, what: str, on_death: Callable[[Exception], Any] | None = None) -> Any:
         """``ray.get``, with the death of an actor that holds run state reported as what it is
-        (``on_death``: what to return instead, for an actor that can be resumed)."""
+        (``on_death``: what to return instead, for an actor that can be resumed). A call that failed
+        on an argument another actor's death left it raises that death (``RayActorError``), not this
+        actor's."""
         import ray
 
         try:
             return ray.get(refs)
         except ray.exceptions.RayActorError as exc:
+            if isinstance(exc, ray.exceptions.RayTaskError):  # the call failed on an argument: the result of
+                raise exc.cause from None  # an actor that died (an ingest actor's table); this actor lives
             if on_death is not None:
                 return on_death(exc)
             raise EnvironmentFaultError(f"{what} died ({type(exc).__name__}): the run cannot finish honestly; "
@@ -887,8 +899,12 @@ class Runner:
             self._collect_aligner(st, align)
             gone = set(align)
             refs = [r for r in refs if r not in gone]
-        if refs:  # embedder calls: the embed actor holds the run's state
-            results += self._get(refs, "the embed actor")
+        input_died = None
+        for ref in refs:  # embedder calls: the embed actor holds the run's state
+            try:
+                results.append(self._get(ref, "the embed actor"))
+            except ray.exceptions.RayActorError as exc:  # its table's ingest actor died (``_get``): raised
+                input_died = input_died or exc  # once the other calls' files are counted
         for r in results:
             if isinstance(r, dict) and "granularities" in r:
                 self.display.embed_done()
@@ -899,6 +915,8 @@ class Runner:
                     for g, n in r["granularities"].items():
                         self.counts[f"features_{g}"] += n
                     st.files.update(r["files"])
+        if input_died is not None:
+            raise input_died
 
     def _write_session_tables(self, st: _SessionState) -> None:
         sid = st.session.manifest.session_id

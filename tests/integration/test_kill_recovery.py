@@ -351,3 +351,54 @@ def test_a_rerun_drops_rows_of_sources_that_are_gone_or_shorter(ray_local, clean
     indexes = modalign.open(out).run["indexes"]  # the FAISS vectors too
     assert indexes and {(ix["model_id"], ix["granularity"]): ix["vectors"] for ix in indexes} == per_index
     _on_disk_is_committed(out)
+
+
+def _dying_ingest_actor(marker: Path):
+    """A real ingest actor that dies once, right after yielding a payload's EmbedItem and before
+    its table (a moment a SIGKILL from outside hits only by chance): the driver's ref to the table
+    then holds the actor's death, and the embed call it is forwarded to fails with it."""
+    import ray
+
+    from modalign.pipeline.actors import IngestActor
+    from modalign.pipeline.items import EmbedItem
+
+    @ray.remote(max_restarts=2, max_task_retries=0)
+    class DiesBeforeATable(IngestActor.__ray_metadata__.modified_class):
+        def ingest(self, job):
+            for item in super().ingest(job):
+                yield item
+                if isinstance(item, EmbedItem) and item.rows and not marker.exists():
+                    marker.touch()
+                    time.sleep(0.5)  # the item reaches the driver, which then waits for the table
+                    os._exit(1)
+
+    return DiesBeforeATable
+
+
+def test_an_ingest_actor_dying_between_an_item_and_its_table_cuts_the_source_short(ray_local, clean, session,
+                                                                                   tmp_path, monkeypatch):
+    """Not the embed actor's death (the run would stop as the machine's fault): the source it came
+    from is cut short, and the next source runs whole on the restarted actor."""
+    from modalign.pipeline import actors
+    from modalign.pipeline.runner import EXIT_QUARANTINED
+
+    out0, _ = clean
+    marker = tmp_path / "died"
+    monkeypatch.setattr(actors, "IngestActor", _dying_ingest_actor(marker))
+    out = tmp_path / "out"
+    config = RunConfig(key_store=_keys(clean), runtime={"num_cpus": 2, "ingest_actors": 1})
+    summary = Runner(config, out, progress=lambda msg: None).run(session)
+    assert marker.exists() and summary["exit_code"] == EXIT_QUARANTINED
+    (q,) = modalign.open(out).table("quarantine").to_table().to_pylist()
+    assert q["reason_code"] == "worker_failed" and "ingest worker died" in q["message"], q
+    cut = q["source_id"]
+    lineage = {r["source_id"]: r["status"] for r in modalign.open(out).table("lineage_sources").to_table().to_pylist()}
+    assert lineage.pop(cut) == "partial" and set(lineage.values()) == {"ingested"}, lineage
+
+    def other(r: dict) -> bool:
+        return r.get("source_id") != cut
+
+    for name in ("events_video", "events_audio", "features"):  # the other source: every row, exactly once
+        assert _diff(_rows(out0, name, other), _rows(out, name, other)) == (0, 0), name
+    kept = _rows(out, f"events_{'video' if cut == 'talk' else 'audio'}", lambda r: not other(r))
+    assert sum(kept.values()) > 0  # the events before the death are kept
