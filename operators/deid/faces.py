@@ -40,12 +40,13 @@ covered, 0 boxes on 100 non-face close-ups).
 
 Still model: on the same frames as the close grids (stills, sampled frames, a stream's last frame)
 a third detector of another family runs on the whole frame (``FacePolicy.still_model``, MTCNN with
-the weights facenet-pytorch ships; ``_MtcnnDetector``): a cascade over an image pyramid, which
+the weights facenet-pytorch ships, run in NumPy by ``deid.mtcnn``, so no torch in an ingest
+actor; ``_MtcnnDetector``): a cascade over an image pyramid, which
 finds turned and low-detail faces that neither MediaPipe model scores on any grid (an LFW face
 upscaled x5 that the full-range model saw at 0.59 and no closer look confirmed). Its boxes are
 kept when its own last stage scores them ``STILL_SCORE`` (0.9), without a MediaPipe closer look,
 which would refuse exactly those faces; a weak MediaPipe box it agrees with is confirmed by it
-(two families agree). About 115 ms per 720p frame on one core: dense video
+(two families agree). About 120-145 ms per 720p frame on one core: dense video
 never gets it, except its last frame.
 
 Unchanged regions: the whole frame and each tile of a scan are compared, as grayscale means
@@ -423,18 +424,16 @@ class _MtcnnDetector:
     """MTCNN (a cascade of three small CNNs over an image pyramid; the weights facenet-pytorch ships),
     the still model: another family than MediaPipe's single-shot BlazeFace, trained on other data,
     so it finds faces both MediaPipe models miss (turned, low-detail: an LFW face upscaled x5 that
-    neither scores above 0.59 on any grid, MTCNN at 0.99). It costs about 115 ms per 720p frame on
+    neither scores above 0.59 on any grid, MTCNN at 0.99). It costs about 120-145 ms per 720p frame on
     one core, so it runs only where the close grids run (frames that are no part of a dense run). A
     box counts when the last stage (O-Net) scores it ``STILL_SCORE``: that stage is the closer look
     (on the LFW subset's 100 non-face stills over street video: 2 boxes at its default 0.7, none at
     0.9; its finds are recall the MediaPipe verification would refuse, so it is not applied to them)."""
 
     def __init__(self) -> None:
-        torch = require("torch")
-        fp = require("facenet_pytorch")
-        self._torch = torch
-        self._m = fp.MTCNN(keep_all=True, min_face_size=STILL_MIN_FACE, thresholds=[0.6, 0.7, STILL_SCORE],
-                           post_process=False, device="cpu")
+        from modalign.operators.deid.mtcnn import Mtcnn
+
+        self._m = Mtcnn(min_face=STILL_MIN_FACE, thresholds=(0.6, 0.7, STILL_SCORE))  # NumPy: no torch import
         self.name = self.model_name()
 
     @staticmethod
@@ -446,14 +445,11 @@ class _MtcnnDetector:
 
     def detect(self, rgb: np.ndarray) -> list[tuple[float, float, float, float, float]]:
         h, w = rgb.shape[:2]
-        with self._torch.inference_mode():
-            boxes, probs = self._m.detect(np.ascontiguousarray(rgb))
-        if boxes is None:
-            return []
+        boxes, probs = self._m.detect(rgb)
         out = []
         for b, p in zip(boxes, probs):
             x0, y0, x1, y1 = max(0.0, float(b[0])), max(0.0, float(b[1])), min(float(w), float(b[2])), min(float(h), float(b[3]))
-            if p is not None and float(p) >= STILL_SCORE and x1 > x0 and y1 > y0:
+            if float(p) >= STILL_SCORE and x1 > x0 and y1 > y0:
                 out.append((x0, y0, x1, y1, float(p)))
         return out
 
@@ -548,7 +544,7 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
     """
 
     kind = "face_blur"
-    version = "0.13.0"
+    version = "0.14.0"
     config_model = FaceBlurConfig
 
     def __init__(self, config: FaceBlurConfig | None = None) -> None:
@@ -572,8 +568,8 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
         self._ready = True
 
     def _still_model(self) -> "_MtcnnDetector | None":
-        """The still model, loaded on the first frame that gets it (importing it costs ~1.9 CPU s, and
-        an actor that decodes only dense video up to a range's cut never runs it); None: off."""
+        """The still model, loaded on the first frame that gets it (reading its weights costs ~0.2 CPU s,
+        and an actor that decodes only dense video up to a range's cut never runs it); None: off."""
         if self._still is None and self.config.face.action != "keep" and self.config.face.still_model == "mtcnn":
             self._still = _MtcnnDetector()
         return self._still
