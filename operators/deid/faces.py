@@ -118,7 +118,7 @@ from pydantic import Field
 
 from modalign.operators.base import OperatorConfig, TableOperator
 from modalign.operators.deid.face_tracks import CONFIRM_SCORE, FaceTracks, Hindsight, overlap
-from modalign.operators.dependencies import require, require_installed
+from modalign.operators.dependencies import require
 from modalign.schemas.errors import ComplianceError, InputError
 from modalign.schemas.arrow import arrow_type
 from modalign.schemas.policy import DEFAULT_POLICY_TAG, FacePolicy
@@ -564,7 +564,9 @@ class FaceBlurOperator(TableOperator[FaceBlurConfig]):
             self._detector = _MediapipeDetector(cfg.model_selection, cfg.face.min_score, cfg.face.tiles,
                                                 cfg.face.second_pass, cfg.face.reuse_threshold)
         if cfg.face.action != "keep" and cfg.face.still_model == "mtcnn":
-            require_installed("facenet_pytorch")  # loaded on its first frame (``_still_model``)
+            from modalign.operators.deid.mtcnn import default_weights
+
+            default_weights()  # its weights are there (loaded on its first frame: ``_still_model``)
         self._ready = True
 
     def _still_model(self) -> "_MtcnnDetector | None":

@@ -10,13 +10,14 @@ torchvision, sympy) and ~300 MiB, for a model that runs on a stream's last frame
 The cascade follows facenet-pytorch's ``detect_face`` step for step (pyramid from
 ``min_face``/``factor``, area resampling, per-scale NMS 0.5 then 0.7, box regression, squaring,
 NMS 0.7 after R-Net and "min"-overlap NMS 0.7 after O-Net), so the boxes are that library's
-within float rounding (``tests/unit/test_mtcnn.py`` compares them). ``weights``: another
-folder with the three files, for users who bring their own.
+within float rounding (``tests/unit/test_mtcnn.py`` compares them). Your own weights: a folder
+with the three files (the same layers, torch's legacy format) in ``$MODALIGN_MTCNN_WEIGHTS``.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import pickle
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -24,6 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+from modalign.operators.dependencies import PACKAGES
+
+WEIGHTS_ENV = "MODALIGN_MTCNN_WEIGHTS"
+NETS = ("pnet", "rnet", "onet")
 FACTOR = 0.709  # pyramid step (facenet-pytorch's default)
 STAGE_NMS = (0.5, 0.7, 0.7, 0.7)  # P-Net per scale, P-Net overall, R-Net, O-Net ("min" overlap)
 _DTYPES = {"FloatStorage": np.float32, "DoubleStorage": np.float64, "HalfStorage": np.float16,
@@ -31,11 +36,22 @@ _DTYPES = {"FloatStorage": np.float32, "DoubleStorage": np.float64, "HalfStorage
 
 
 def default_weights() -> Path:
-    """facenet-pytorch's data folder, found without importing it (its import loads torch)."""
-    spec = importlib.util.find_spec("facenet_pytorch")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("facenet-pytorch is not installed: its MTCNN weights are the still model's")
-    return Path(next(iter(spec.submodule_search_locations))) / "data"
+    """The folder of the three nets' weights: ``$MODALIGN_MTCNN_WEIGHTS``, else facenet-pytorch's data
+    folder, found without importing it (its import loads torch). ``DependencyMissingError``, naming
+    the folder, when a file is missing (checked at the face operator's setup, before any work)."""
+    own = os.environ.get(WEIGHTS_ENV)
+    if own:
+        folder = Path(own)
+    else:
+        spec = importlib.util.find_spec("facenet_pytorch")
+        if spec is None or not spec.submodule_search_locations:
+            raise PACKAGES["facenet_pytorch"].error()
+        folder = Path(next(iter(spec.submodule_search_locations))) / "data"
+    missing = [n for n in NETS if not (folder / f"{n}.pt").is_file()]
+    if missing:
+        raise PACKAGES["facenet_pytorch"].error(f"MTCNN weights {', '.join(f'{n}.pt' for n in missing)} in {folder} "
+                                                f"(facenet-pytorch's, or set {WEIGHTS_ENV} to a folder of your own)")
+    return folder
 
 
 # -- weights: torch's legacy (pre-zip) serialisation, read as plain data --------------------------
@@ -259,7 +275,7 @@ class Mtcnn:
                  factor: float = FACTOR, weights: Path | None = None) -> None:
         folder = Path(weights) if weights is not None else default_weights()
         self.pnet, self.rnet, self.onet = (cls(read_state_dict(folder / f"{name}.pt"))
-                                           for cls, name in ((_PNet, "pnet"), (_RNet, "rnet"), (_ONet, "onet")))
+                                           for cls, name in zip((_PNet, _RNet, _ONet), NETS))
         self.min_face, self.thresholds, self.factor = min_face, thresholds, factor
 
     def detect(self, rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

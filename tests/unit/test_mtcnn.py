@@ -121,3 +121,23 @@ def test_the_face_operator_s_still_model_runs_without_importing_torch():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_your_own_weights_folder_is_used_and_a_missing_file_is_named_at_setup(tmp_path, monkeypatch):
+    """``$MODALIGN_MTCNN_WEIGHTS``: a folder of the three nets' files (here facenet-pytorch's, copied);
+    the face operator's setup names a missing one before any frame is read."""
+    import shutil
+
+    from modalign.operators.deid import mtcnn
+    from modalign.operators.deid.faces import FaceBlurConfig, FaceBlurOperator
+    from modalign.schemas.errors import DependencyMissingError
+
+    own = tmp_path / "my-mtcnn"
+    shutil.copytree(default_weights(), own)
+    monkeypatch.setenv(mtcnn.WEIGHTS_ENV, str(own))
+    assert default_weights() == own
+    boxes, _ = Mtcnn(min_face=40, thresholds=(0.6, 0.7, 0.9)).detect(skdata.astronaut())
+    assert len(boxes) == 1
+    (own / "rnet.pt").unlink()
+    with pytest.raises(DependencyMissingError, match=r"MTCNN weights rnet\.pt in .*my-mtcnn .*MODALIGN_MTCNN_WEIGHTS"):
+        FaceBlurOperator(FaceBlurConfig(secret=b"k" * 32)).setup()
