@@ -25,6 +25,9 @@ PYTEST_ARGS ?=
 .PHONY: setup system-deps demo test test-unit bench clean
 
 setup: system-deps $(STAMP)
+	@# modalign's own bytecode, as a wheel install has it: every Ray worker imports these modules, and
+	@# where PYTHONDONTWRITEBYTECODE is set (containers, CI) each process would compile them again
+	@$(BIN)/python -m compileall -q -j0 operators pipeline schemas __init__.py >/dev/null
 
 system-deps:
 	@if ! command -v tesseract >/dev/null || ! tesseract --list-langs 2>/dev/null | grep -qx eng \
