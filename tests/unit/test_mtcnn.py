@@ -141,3 +141,18 @@ def test_your_own_weights_folder_is_used_and_a_missing_file_is_named_at_setup(tm
     (own / "rnet.pt").unlink()
     with pytest.raises(DependencyMissingError, match=r"MTCNN weights rnet\.pt in .*my-mtcnn .*MODALIGN_MTCNN_WEIGHTS"):
         FaceBlurOperator(FaceBlurConfig(secret=b"k" * 32)).setup()
+
+
+def test_frames_too_small_for_the_pyramid_and_frames_over_8_megapixels(reference):
+    """A frame under the smallest face gives no box (no pyramid level); one over 8.4 Mpx, whose
+    pixel sums no longer fit int32, takes the float64 path and still gives facenet-pytorch's box."""
+    m = Mtcnn(min_face=40, thresholds=(0.6, 0.7, 0.9))
+    for side in (1, 8, 39):
+        boxes, scores = m.detect(np.full((side, side + 3, 3), 128, np.uint8))
+        assert boxes.shape == (0, 4) and scores.shape == (0,)
+    big = cv2.resize(skdata.astronaut(), (3000, 3000))
+    boxes, scores = m.detect(big)
+    want_boxes, want_scores = reference(big)
+    assert len(boxes) == len(want_boxes) >= 1
+    np.testing.assert_allclose(boxes, want_boxes, atol=1e-2)
+    np.testing.assert_allclose(scores, want_scores, atol=1e-4)
