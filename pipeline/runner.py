@@ -772,8 +772,11 @@ class Runner:
         try:
             return ray.get(refs)
         except ray.exceptions.RayActorError as exc:
-            if isinstance(exc, ray.exceptions.RayTaskError):  # the call failed on an argument: the result of
-                raise exc.cause from None  # an actor that died (an ingest actor's table); this actor lives
+            cause = getattr(exc, "cause", None)
+            if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(cause, ray.exceptions.RayActorError):
+                # the call failed on an argument, the result of an actor that died (an ingest actor's
+                # table): that actor's death, not this one's
+                raise cause from None
             if on_death is not None:
                 return on_death(exc)
             raise EnvironmentFaultError(f"{what} died ({type(exc).__name__}): the run cannot finish honestly; "
