@@ -5,7 +5,8 @@ Convolutional Networks") is three small CNNs: P-Net slides over an image pyramid
 boxes, R-Net (24x24 crops) and O-Net (48x48 crops) re-score and refine them. The weights are
 the ones facenet-pytorch ships (``facenet_pytorch/data/{p,r,o}net.pt``), read here without
 importing torch or facenet-pytorch: importing those cost an ingest actor ~3 CPU s (torch,
-torchvision, sympy) and 174 MiB of RSS (the NumPy model: 9 MiB), for a model that runs on a stream's last frame and on stills.
+torchvision, sympy) and 174 MiB of RSS (the NumPy model: 9 MiB), for a model that runs on a
+stream's last frame and on stills.
 
 The cascade follows facenet-pytorch's ``detect_face`` step for step (pyramid from
 ``min_face``/``factor``, area resampling, per-scale NMS 0.5 then 0.7, box regression, squaring,
