@@ -449,7 +449,7 @@ class _MtcnnDetector:
         out = []
         for b, p in zip(boxes, probs):
             x0, y0, x1, y1 = max(0.0, float(b[0])), max(0.0, float(b[1])), min(float(w), float(b[2])), min(float(h), float(b[3]))
-            if float(p) >= STILL_SCORE and x1 > x0 and y1 > y0:
+            if x1 > x0 and y1 > y0:  # (its last stage kept only boxes over STILL_SCORE)
                 out.append((x0, y0, x1, y1, float(p)))
         return out
 

@@ -165,7 +165,7 @@ def _flatten(x: np.ndarray) -> np.ndarray:
 
 class _Net:
     def __init__(self, state: dict[str, np.ndarray]) -> None:
-        self.p = {k: v.astype(np.float32) for k, v in state.items()}
+        self.p = {k: v.astype(np.float32, copy=False) for k, v in state.items()}  # (read as copies already)
 
     def conv(self, x: np.ndarray, name: str) -> np.ndarray:
         return _conv(x, self.p[f"{name}.weight"], self.p[f"{name}.bias"])
