@@ -24,12 +24,17 @@ import ray
 from modalign.schemas.config import RunConfig
 
 
-def _single_threaded() -> None:
+def _single_threaded(torch_too: bool = False) -> None:
+    """One thread per actor for tesseract and OpenMP (and torch, which reads OMP_NUM_THREADS when
+    it is first imported). ``torch_too``: import torch now and set its threads; only the embed
+    actor does: an ingest actor never uses torch, and importing it would cost ~2 CPU s and
+    ~170 MiB of RSS per actor."""
     os.environ["OMP_THREAD_LIMIT"] = "1"  # tesseract: its own threading is slower on few cores
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch
+    if torch_too:
+        import torch
 
-    torch.set_num_threads(1)
+        torch.set_num_threads(1)
 
 
 @ray.remote(max_restarts=2, max_task_retries=0)
@@ -144,7 +149,7 @@ class EmbedActor:
     def __init__(self, config_json: str, out_root: str, attempt: str, warm: list[str] = ()) -> None:
         from modalign.pipeline.embedding import Embedder
 
-        _single_threaded()
+        _single_threaded(torch_too=True)
         self.embedder = Embedder(RunConfig.model_validate_json(config_json), out_root, attempt)
         self.embedder.load(list(warm))
 

@@ -60,3 +60,25 @@ def test_a_warm_pool_replaces_restarted_actors_before_the_next_run(ray_local, tm
         assert ray.get(pool.ingest[1].pid.remote()) == pool.pids[("ingest", 1)]
     finally:
         pool.close()
+
+
+def _maps_torch(pid: int) -> bool:
+    """Whether process ``pid`` has torch's native library mapped (it imported torch)."""
+    with open(f"/proc/{pid}/maps", encoding="utf-8") as f:
+        return "libtorch_cpu" in f.read()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc/<pid>/maps (Linux)")
+def test_ingest_actors_warm_every_chain_without_importing_torch(ray_local, tmp_path):
+    """Only the embed actor needs torch: an ingest actor with its video, audio and PDF chains set
+    up (MediaPipe, the NumPy MTCNN, spaCy, tesseract) has not loaded it (it cost ~2 CPU s and
+    ~170 MiB of RSS per actor)."""
+    cfg = RunConfig(key_store=tmp_path / "keys")
+    pool = ActorPool()
+    chains = [("video", "default"), ("audio", "default"), ("pdf", "default")]
+    pool.ready(cfg, str(tmp_path / "out"), str(tmp_path / "keys"), "attempt-1", 1, {"num_cpus": 0}, chains)
+    try:
+        assert not _maps_torch(pool.pids[("ingest", 0)])
+        assert _maps_torch(pool.pids[("embed", 0)])  # the check sees torch where it is loaded
+    finally:
+        pool.close()
