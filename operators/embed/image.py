@@ -11,7 +11,8 @@ local file (TorchScript, or a state dict plus a factory: the contract is in
 ``modalign.operators.embed.loaders``). The whole frame is resized to ``image_size`` x
 ``image_size`` (bilinear, antialiased), normalised with ``mean``/``std`` (ImageNet's by
 default), and run once; the last feature map is the *patch grid* (7 x 7 x 1280 at 224
-for EfficientNet-Lite0).
+for EfficientNet-Lite0). EfficientNet-Lite runs with each BatchNorm folded into the conv
+before it (``fold_batchnorm``: the same function, a third less CPU).
 - frame vector = mean of the grid cells;
 - roi vector = area-weighted mean of the cells a box covers (box mapped from frame pixels
   to grid coordinates), so a face or slide region costs no second forward pass;
