@@ -105,12 +105,11 @@ def throughput(frames: np.ndarray, batch: int, repeat: int) -> dict:
     import pyarrow as pa
     import torch
     import torch.nn.functional as F
+    from efficientnet_lite_pytorch import EfficientNet
 
     from modalign.operators.cache.keys import BOX_TYPE
     from modalign.operators.cache.store import FeatureCache
     from modalign.operators.embed.image import FrameEmbedConfig, FrameEmbedOperator, ImageEmbedConfig, ImageEncoder
-
-    from efficientnet_lite_pytorch import EfficientNet
 
     enc = ImageEncoder(ImageEmbedConfig(device="cpu", batch_size=batch))
     folded = enc._ensure_model()
