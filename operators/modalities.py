@@ -62,6 +62,10 @@ class ModalityPlan:
     encoder: str  # key of ``operators.embed.registry.ENCODERS``
     counter: Counter  # de-identification headers -> run.json counters
     embed_fps: Callable[[RunConfig], float | None] = lambda cfg: None  # None: every event
+    # (rows, bytes): payload gathered over batches into one embed call until either is reached (a
+    # sampled modality's batch carries a frame or two, each call a file per granularity); None: one
+    # call per batch
+    embed_batch: Callable[[RunConfig], tuple[int, int] | None] = lambda cfg: None
     to_events: Callable[[pa.Table, RunConfig], pa.Table] = lambda t, cfg: t  # payload -> stored form
     counters: tuple[str, ...] = field(default=())  # counters this modality can add (run.json lists them all)
     # True: the source operator decodes the bytes through ``SourceContext.reader``, which hashes
@@ -174,6 +178,7 @@ PLANS: Mapping[str, ModalityPlan] = {
         name="video", source=_video_source, deid=(_faces, _frame_text), event_row=VideoFrameRow,
         meta_columns=("event_id", "t_ns"), embed_columns=("event_id", "t_ns", "frame", "face_boxes"),
         encoder="image", counter=_video_counter, embed_fps=lambda cfg: cfg.embed.image_fps,
+        embed_batch=lambda cfg: (cfg.embed.batch_size, cfg.ingest.video.batch_bytes),
         to_events=_video_events, counters=("faces_blurred", "frame_text_blurred")),
     "audio": ModalityPlan(
         name="audio", source=_audio_source, deid=(_voice,), event_row=MfccRow,

@@ -5,8 +5,9 @@ forwards them as Ray stream items, ``pipeline.runner`` routes each to where it g
 rows inside are the row models of ``schemas.tables``, validated where they are made.
 
 Order for one source: ``ClockItem`` (only when its clock is estimated or verified), then
-``SourceItem``, then ``MetaItem``/``EmbedItem`` pairs per batch, any ``QuarantineItem``,
-and ``DoneItem`` last (or ``FaultItem`` when OUT failed, and nothing after it). A video split
+``SourceItem``, then a ``MetaItem`` per batch, each ``EmbedItem`` after the batches whose payload
+it carries, any ``QuarantineItem``, and ``DoneItem`` last (or ``FaultItem`` when OUT failed, and
+nothing after it). A video split
 into ranges (``SourceJob.range``) streams this once per range, each from its own worker; the
 driver puts the ranges back together in time order.
 """
@@ -77,7 +78,7 @@ class MetaItem:
 
 @dataclass(frozen=True)
 class EmbedItem:
-    """De-identified payload of one batch for the embedder.
+    """De-identified payload of one or more batches for the embedder (one call, a file per granularity).
 
     Through Ray the table travels as the next stream item, not inside this one (a ref
     nested in an item hit ray #58080), so the driver forwards that ref unread; in-process

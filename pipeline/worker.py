@@ -94,6 +94,43 @@ def lineage_row(job: SourceJob, lineage: LineageColumns, clock: ClockMapping, *,
         track_of=job.spec.track_of, source_sha256=sha256)
 
 
+class _EmbedBatcher:
+    """The payload of consecutive batches, handed on in ``EmbedItem``s of ``limits[0]`` rows (or
+    once it holds ``limits[1]`` bytes), the rest by ``flush``; ``limits`` None hands each batch's
+    payload on at once (``ModalityPlan.embed_batch``). A batch whose schema differs (a stream that
+    changed its frame size) first hands on what was gathered."""
+
+    def __init__(self, modality: str, limits: tuple[int, int] | None) -> None:
+        self.modality, self.limits = modality, limits
+        self.tables: list[pa.Table] = []
+        self.rows = self.bytes = 0
+
+    def add(self, payload: pa.Table) -> Iterator[EmbedItem]:
+        if payload.num_rows == 0:
+            return
+        if self.tables and payload.schema != self.tables[0].schema:
+            yield from self.flush()
+        self.tables.append(payload)
+        self.rows += payload.num_rows
+        self.bytes += payload.nbytes
+        if self.limits is None or self.bytes >= self.limits[1]:
+            yield from self.flush()
+        elif self.rows >= self.limits[0]:
+            table, n = pa.concat_tables(self.tables), self.limits[0]
+            full = table.num_rows // n * n
+            for start in range(0, full, n):
+                yield EmbedItem(self.modality, n, table.slice(start, n))
+            rest = table.slice(full)
+            self.tables, self.rows, self.bytes = ([rest] if rest.num_rows else []), rest.num_rows, rest.nbytes
+
+    def flush(self) -> Iterator[EmbedItem]:
+        if not self.tables:
+            return
+        table = self.tables[0] if len(self.tables) == 1 else pa.concat_tables(self.tables)
+        self.tables, self.rows, self.bytes = [], 0, 0
+        yield EmbedItem(self.modality, table.num_rows, table)
+
+
 class IngestWorker:
     """Holds the ingest and de-identification operators of one actor (models loaded once)."""
 
@@ -192,6 +229,7 @@ class IngestWorker:
         sampler: dict = {}
         columns = lineage.model_dump()
         gate = QualityGate(self.config.quality.expectations, plan.name)
+        payloads = _EmbedBatcher(plan.name, plan.embed_batch(self.config))
         dropped = 0
         failure = None
         stream = self._deidentified(ops, ctx)
@@ -230,7 +268,7 @@ class IngestWorker:
                 yield MetaItem(clean.select(list(plan.meta_columns)), self.layout.relative(path),
                                time.perf_counter() - t)
                 payload = (clean if sampled is None else clean.filter(pa.array(sampled))).select(list(plan.embed_columns))
-                yield EmbedItem(plan.name, payload.num_rows, payload)
+                yield from payloads.add(payload)
                 t = time.perf_counter()
         except EnvironmentFaultError:
             raise
@@ -245,6 +283,7 @@ class IngestWorker:
             yield QuarantineItem(quarantine_row(job, job.version, err))
         finally:
             stream.close()
+        yield from payloads.flush()  # what was stored is embedded, wherever the stream ended
         for run in gate.finish():  # runs still open at the end of the stream (or where it broke off)
             yield QuarantineItem(quality_row(job, run))
         if failure is not None:

@@ -104,3 +104,43 @@ def test_ranges_cover_every_frame_once_and_every_face_across_the_cuts(video_job,
     for d in dones:
         counts.update(d.counts)
     assert counts["faces_blurred"] == whole_done.counts["faces_blurred"] == len(want)
+
+
+def test_sampled_frames_reach_the_embedder_in_full_batches_each_once(video_job, tmp_path):
+    """At 4 fps of 25 a batch of frames holds a frame or two to embed: they are gathered into calls
+    of ``embed.batch_size`` frames, or of ``ingest.video.batch_bytes`` pixels, whichever comes first,
+    and what is left goes at the end of the stream (or of a range); every sampled frame once, in order."""
+    import numpy as np
+
+    from modalign.pipeline.items import EmbedItem
+    from modalign.pipeline.worker import sample_every
+
+    keys = tmp_path / "keys"
+    fast = {"face": {"action": "keep"}, "frame_text": {"action": "keep"}}
+    frame_bytes = 640 * 360 * 3
+
+    def embedded(cfg: RunConfig, out: Path, jobs: list[SourceJob]) -> list[list[str]]:
+        worker = IngestWorker(cfg, out, keys)
+        items = [i for job in jobs for i in _ingest(worker, job) if isinstance(i, EmbedItem)]
+        assert all(i.rows == i.table.num_rows for i in items)
+        return [i.table.column("event_id").to_pylist() for i in items]
+
+    by_rows = RunConfig(key_store=keys, policy=fast, embed={"image_fps": 4, "batch_size": 16},
+                        ingest={"video": {"range_s": None}})
+    calls = embedded(by_rows, tmp_path / "rows", [video_job])
+    frames = _frames(tmp_path / "rows")
+    t_ns = np.array([r["t_ns"] for r in frames])
+    want = [r["event_id"] for r, keep in zip(frames, sample_every(t_ns, 4.0, {})) if keep]
+    assert len(want) == 14 * 4 and [e for c in calls for e in c] == want
+    assert [len(c) for c in calls] == [16, 16, 16, 8]
+
+    by_bytes = by_rows.model_copy(update={"ingest": by_rows.ingest.model_copy(update={
+        "video": by_rows.ingest.video.model_copy(update={"batch_bytes": 3 * frame_bytes})})})
+    calls = embedded(by_bytes, tmp_path / "bytes", [video_job])
+    assert [e for c in calls for e in c] == want and {len(c) for c in calls[:-1]} == {3} and len(calls[-1]) <= 3
+
+    ranged = by_rows.model_copy(update={"ingest": by_rows.ingest.model_copy(update={
+        "video": by_rows.ingest.video.model_copy(update={"range_s": RANGE_S})})})
+    worker = IngestWorker(ranged, tmp_path / "ranged", keys)
+    calls = embedded(ranged, tmp_path / "ranged", [replace(video_job, range=r) for r in worker.video_ranges(video_job)])
+    assert [e for c in calls for e in c] == want and [len(c) for c in calls] == [16, 16, 16, 8]
