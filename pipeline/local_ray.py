@@ -43,7 +43,7 @@ agent's) are outside it: they serve the cluster's metrics to any local user.
 
 Orphans. A SIGTERM to the driver is clean: Ray's handler exits through ``ray.shutdown`` and
 nothing is left. A SIGKILL (or the OOM killer, or a crash) is not. Ray shares the driver's fate through the
-kernel: gcs_server, raylet, the monitor, the dashboard and the log monitor are started with
+kernel: gcs_server, raylet, the monitor and the dashboard (no log monitor: ``_without_log_monitor``) are started with
 ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` and die at once (the signal comes when the *thread* that
 called ``ray.init`` ends: call it from the main thread). The raylet's children have no such
 signal: workers (``ray::IDLE``, ``ray::<Actor>``) see the raylet gone and exit within about
@@ -106,7 +106,7 @@ def start_local_ray(num_cpus: int, temp_dir: Path) -> None:
         log.warning("ended %d Ray process(es) left by killed runs in %s", reaped, temp_dir)
     atexit.unregister(stop_local_ray)
     atexit.register(stop_local_ray)  # after Ray's own handler (registered on its import), so it runs first
-    with _ray_clusters_disabled():
+    with _ray_clusters_disabled(), _without_log_monitor():
         context = ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
                            _temp_dir=str(ray_folder(temp_dir)), _node_ip_address=LOOPBACK,
                            _system_config=FAST_CONNECT)
@@ -180,6 +180,26 @@ def join_ray(address: str) -> None:
         return
     with _ray_clusters_disabled():
         ray.init(address=address, log_to_driver=False, _node_ip_address=LOOPBACK)
+
+
+@contextmanager
+def _without_log_monitor() -> Iterator[None]:
+    """A local Ray started inside this block has no log monitor (``ray start
+    --include-log-monitor=False``; ``ray.init`` has no such option). That process tails every worker's log files and
+    publishes their new lines for drivers to print; ours asks for none (``log_to_driver=False``),
+    and the files stay where they are. It cost ~0.6 CPU s of a 60 s sample meeting's run and
+    2-4 CPU s of a 600 s video's, on the cores the pipeline runs on."""
+    from ray._private.node import Node
+
+    saved = getattr(Node, "start_log_monitor", None)
+    if saved is None:  # another Ray: it starts what it starts
+        yield
+        return
+    Node.start_log_monitor = lambda self: None
+    try:
+        yield
+    finally:
+        Node.start_log_monitor = saved
 
 
 @contextmanager

@@ -204,6 +204,10 @@ from modalign.pipeline.local_ray import start_local_ray, stop_monitor
 
 start_local_ray(1, Path(sys.argv[1]))
 monitor = ray._private.worker._global_node.all_processes[ray_constants.PROCESS_TYPE_MONITOR][0].process
+import psutil
+children = psutil.Process().children(recursive=True)
+tailing = [p for p in children if any("log_monitor.py" in a for a in p.cmdline())]
+print("STARTED", len(children), len(tailing), flush=True)
 print("MONITOR", monitor.pid, monitor.poll(), flush=True)
 stop_monitor()
 
@@ -223,7 +227,9 @@ def test_the_monitor_is_killed_first_and_a_driver_that_exits_leaves_nothing(temp
     out = subprocess.run([sys.executable, "-c", EXITING_DRIVER, str(temp_dir)], capture_output=True, text=True,
                          timeout=120, check=True)
     lines = dict(line.split(" ", 1) for line in out.stdout.splitlines()
-                 if line.split(" ")[0] in ("MONITOR", "AFTER", "CONNECT"))
+                 if line.split(" ")[0] in ("STARTED", "MONITOR", "AFTER", "CONNECT"))
+    started, log_monitors = map(int, lines["STARTED"].split())
+    assert started >= 3 and log_monitors == 0  # gcs_server, raylet, monitor, ...; no log monitor (log_to_driver=False)
     assert lines["MONITOR"].split()[1] == "None"  # running before
     assert lines["AFTER"] == "-9 5"  # killed, and the cluster still runs tasks without it
     assert "Terminated with signal" not in out.stderr
