@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,8 +106,8 @@ def _frame_text(ctx: DeidContext) -> Any:
                                                 reuse_threshold=pol.frame_text.reuse_threshold, **keep))
 
 
-def encode_jpeg(frames: Any, quality: int) -> list[bytes]:
-    """JPEG bytes of ``(N, H, W, 3)`` uint8 frames."""
+def encode_jpeg(frames: Iterable[Any], quality: int) -> list[bytes]:
+    """JPEG bytes of ``(H, W, 3)`` uint8 frames."""
     import io
 
     from PIL import Image
@@ -121,9 +121,9 @@ def encode_jpeg(frames: Any, quality: int) -> list[bytes]:
 
 
 def _video_events(table: pa.Table, cfg: RunConfig) -> pa.Table:
-    from modalign.operators.ingest.video import frames_to_numpy
+    from modalign.operators.ingest.video import iter_frames
 
-    jpeg = encode_jpeg(frames_to_numpy(table), cfg.ingest.video.jpeg_quality)
+    jpeg = encode_jpeg(iter_frames(table), cfg.ingest.video.jpeg_quality)  # chunk by chunk: no copy
     return table.drop_columns(["frame"]).append_column("frame_jpeg", pa.array(jpeg, pa.binary()))
 
 

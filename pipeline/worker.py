@@ -54,6 +54,18 @@ def sample_every(t_ns: np.ndarray, fps: float, state: dict) -> np.ndarray:
     return keep
 
 
+def rows_where(table: pa.Table, mask: np.ndarray) -> pa.Table:
+    """The rows of ``table`` where ``mask`` holds: the table itself when it holds everywhere, a
+    zero-copy slice when it holds on one run of rows (a video range's own frames in a batch),
+    else a filtered copy. A batch of frames is ~16 MB of pixels: filtering copied every one."""
+    hits = np.flatnonzero(mask)
+    if hits.size == len(mask):
+        return table
+    if hits.size and hits[-1] - hits[0] + 1 == hits.size:
+        return table.slice(int(hits[0]), int(hits.size))
+    return table.filter(pa.array(mask))
+
+
 def quarantine_row(job: SourceJob, version: str | None, exc: InputError | ComplianceError) -> QuarantineRow:
     """The quarantine row of an error raised while ingesting ``job``'s source."""
     return QuarantineRow(
@@ -239,7 +251,7 @@ class IngestWorker:
                 # The embedding sampler sees a range's overlap too, so it stands where a whole decode would.
                 sampled = self._embed_mask(plan, decoded, sampler)
                 owned = self._owned(job, decoded)
-                clean = decoded if owned is None else decoded.filter(pa.array(owned))
+                clean = decoded if owned is None else rows_where(decoded, owned)
                 if owned is not None and sampled is not None:
                     sampled = sampled[owned]
                 if clean.num_rows == 0:
@@ -252,7 +264,7 @@ class IngestWorker:
                     break  # closes the stream: what the operators held back is withheld
                 if verdict.keep is not None:
                     dropped += int(np.count_nonzero(~verdict.keep))
-                    clean = clean.filter(pa.array(verdict.keep))
+                    clean = rows_where(clean, verdict.keep)
                     if sampled is not None:
                         sampled = sampled[verdict.keep]
                     if clean.num_rows == 0:

@@ -106,6 +106,13 @@ def frames_to_numpy(table: pa.Table) -> np.ndarray:
     return pa.concat_arrays(col.chunks).to_numpy_ndarray()
 
 
+def iter_frames(table: pa.Table) -> Iterator[np.ndarray]:
+    """Each ``(H, W, 3)`` uint8 frame of the ``frame`` column, a read-only view into its chunk:
+    no copy, however many chunks the column has (``frames_to_numpy`` copies a chunked one)."""
+    for chunk in table.column("frame").chunks:
+        yield from chunk.to_numpy_ndarray()
+
+
 def quarter_turns(frame: Any, stream: Any) -> int:
     """Counter-clockwise quarter turns (``np.rot90``'s ``k``) that show ``frame`` upright.
 

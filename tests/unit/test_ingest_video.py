@@ -11,7 +11,8 @@ import pytest
 
 from media_faults import fail_after
 from modalign.operators.ingest.base import SourceContext
-from modalign.operators.ingest.video import VideoFramesConfig, VideoFramesOperator, frames_to_numpy, video_frames_schema
+from modalign.operators.ingest.video import (VideoFramesConfig, VideoFramesOperator, frames_to_numpy, iter_frames,
+                                             video_frames_schema)
 from modalign.schemas.errors import InputError, LimitExceededError, UnreadableInputError, UnsupportedInputError
 from modalign.schemas.manifest import ClockMapping, SourceSpec
 
@@ -98,6 +99,33 @@ def test_frames_to_numpy_is_a_zero_copy_view(vfr_clip):
     values = table.column("frame").chunk(0).storage.values
     assert view.__array_interface__["data"][0] == values.buffers()[1].address + values.offset
     assert not view.flags.writeable
+
+
+def test_a_range_keeps_its_own_frames_and_the_frames_are_stored_without_a_copy(vfr_clip):
+    """A batch's frames of one run of rows (a video range's own) are a slice of the decoded
+    table, and the stored form reads them chunk by chunk from where they are: the pixels of a
+    batch were copied twice before (the range filter, then the chunks concatenated for JPEG)."""
+    from modalign.pipeline.worker import rows_where
+
+    table = next(iter(VideoFramesOperator().read(ctx_for(vfr_clip))))
+    n = table.num_rows
+    assert n >= 6
+    whole = frames_to_numpy(table)
+    own = np.zeros(n, dtype=bool)
+    own[2:n - 1] = True
+    kept = rows_where(table, own)
+    assert kept.column("frame_index").to_pylist() == table.column("frame_index").to_pylist()[2:n - 1]
+    assert rows_where(table, np.ones(n, dtype=bool)) is table
+    gap = own.copy()
+    gap[3] = False  # not one run of rows: filtered
+    assert rows_where(table, gap).column("frame_index").to_pylist() == [i for i, k in zip(
+        table.column("frame_index").to_pylist(), gap) if k]
+
+    chunked = pa.concat_tables([kept.slice(0, 2), kept.slice(2)])
+    assert chunked.column("frame").num_chunks == 2
+    frames = list(iter_frames(chunked))
+    assert len(frames) == n - 3 and all(np.shares_memory(f, whole) for f in frames)
+    assert all((f == w).all() for f, w in zip(frames, whole[2:n - 1]))
 
 
 def test_generic_schema_matches_tables_but_for_frame_shape(vfr_clip):
