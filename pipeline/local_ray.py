@@ -43,9 +43,10 @@ agent's) are outside it: they serve the cluster's metrics to any local user.
 
 Orphans. A SIGTERM to the driver is clean: Ray's handler exits through ``ray.shutdown`` and
 nothing is left. A SIGKILL (or the OOM killer, or a crash) is not. Ray shares the driver's fate through the
-kernel: gcs_server, raylet, the monitor and the dashboard (no log monitor: ``_without_log_monitor``) are started with
-``prctl(PR_SET_PDEATHSIG, SIGKILL)`` and die at once (the signal comes when the *thread* that
-called ``ray.init`` ends: call it from the main thread). The raylet's children have no such
+kernel: gcs_server, raylet, the monitor and the dashboard (there is no log monitor:
+``_without_log_monitor``) are started with ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` and die at
+once (the signal comes when the *thread* that called ``ray.init`` ends: call it from the main
+thread). The raylet's children have no such
 signal: workers (``ray::IDLE``, ``ray::<Actor>``) see the raylet gone and exit within about
 5 s, but ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent`` notice it and then block for 60 s
 telling the dead GCS (``publish_error`` with a fixed 60 s timeout, in
@@ -185,9 +186,9 @@ def join_ray(address: str) -> None:
 @contextmanager
 def _without_log_monitor() -> Iterator[None]:
     """A local Ray started inside this block has no log monitor (``ray start
-    --include-log-monitor=False``; ``ray.init`` has no such option). That process tails every worker's log files and
-    publishes their new lines for drivers to print; ours asks for none (``log_to_driver=False``),
-    and the files stay where they are. It cost ~0.6 CPU s of a 60 s sample meeting's run and
+    --include-log-monitor=False``; ``ray.init`` has no such option). That process tails every
+    worker's log files and publishes their new lines for drivers to print; ours asks for none
+    (``log_to_driver=False``), and the files stay where they are. It cost ~0.6 CPU s of a 60 s sample meeting's run and
     2-4 CPU s of a 600 s video's, on the cores the pipeline runs on."""
     from ray._private.node import Node
 

@@ -154,8 +154,9 @@ class EmbedConfig(_Strict):
         description="fixed regions (x0, y0, x1, y1 px) of every embedded video frame, e.g. the projector screen: "
                     "roi features pooled from the frame's patch grid, like face boxes")
     image_size: int = Field(224, ge=32, le=2048)
-    batch_size: int = Field(16, ge=1, le=4096, description="frames (or texts) per forward pass; a video's sampled frames "
-                            "reach the embedder in calls of this many (ingest.video.batch_bytes of pixels at most)")
+    batch_size: int = Field(
+        16, ge=1, le=4096, description="frames (or texts) per forward pass; a video's sampled frames reach the "
+                                       "embedder in calls of this many (ingest.video.batch_bytes of pixels at most)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto | cpu | cuda")
 
     @field_validator("roi_boxes")
