@@ -69,9 +69,10 @@ class IngestActor:
                 op.ensure_setup()
         return os.getpid()
 
-    def video_ranges(self, job: Any) -> list:
-        """The ranges ``job``'s video can be decoded in by several actors ([]: whole)."""
-        return self.worker.video_ranges(job)
+    def ranges(self, job: Any, parts: int) -> list:
+        """The ranges ``job``'s source can be processed in by several actors ([]: whole); ``parts``:
+        how many ingest actors there are (an audio stream is cut into at most that many)."""
+        return self.worker.ranges(job, parts)
 
     def ingest(self, job: Any):
         from dataclasses import replace

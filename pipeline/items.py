@@ -7,9 +7,8 @@ rows inside are the row models of ``schemas.tables``, validated where they are m
 Order for one source: ``ClockItem`` (only when its clock is estimated or verified), then
 ``SourceItem``, then a ``MetaItem`` per batch, each ``EmbedItem`` after the batches whose payload
 it carries, any ``QuarantineItem``, and ``DoneItem`` last (or ``FaultItem`` when OUT failed, and
-nothing after it). A video split
-into ranges (``SourceJob.range``) streams this once per range, each from its own worker; the
-driver puts the ranges back together in time order.
+nothing after it). A video or an audio stream split into ranges (``SourceJob.range``) streams this
+once per range, each from its own worker; the driver puts the ranges back together in time order.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from modalign.schemas.manifest import ClockMapping, SourceSpec
 from modalign.schemas.tables import LineageColumns, QuarantineRow, SourceLineageRow
 
 if TYPE_CHECKING:
+    from modalign.operators.ingest.audio import AudioRange
     from modalign.operators.ingest.video import VideoRange
     from modalign.pipeline.discovery import ObjectPath
 
@@ -42,7 +42,7 @@ class SourceJob:
     reference: "tuple[Path | ObjectPath, ClockMapping] | None" = None  # (source, clock) to estimate/verify against
     roots: "tuple[Path | ObjectPath, ...]" = ()  # where the path may resolve; the worker checks again before it opens it
     size: int | None = None  # bytes, as the listing said (object storage)
-    range: "VideoRange | None" = None  # one stretch of a video split across workers (None: the whole source)
+    range: "VideoRange | AudioRange | None" = None  # one stretch of a source split across workers (None: all of it)
 
 
 @dataclass(frozen=True)

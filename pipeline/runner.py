@@ -103,7 +103,8 @@ class _SessionState:
 
 @dataclass
 class _RangedSource:
-    """A video cut into ranges (``SourceJob.range``) that several ingest actors stream at once.
+    """A source cut into ranges (``SourceJob.range``: a video's, an audio stream's) that several
+    ingest actors stream at once.
 
     The aligner must see one source's event parts in time order: the parts of the range whose
     turn it is go to it as they come, a later range's parts wait here (event ids and times
@@ -495,15 +496,19 @@ class Runner:
                          reference=self._reference(st, spec), roots=st.session.roots, size=size)
 
     def _split(self, jobs: list[tuple[_SessionState, SourceJob]], actors: list) -> list[tuple[_SessionState, SourceJob]]:
-        """Each video that ``ingest.video.range_s`` cuts into ranges, as one job per range (the ingest
-        actors read the packet indexes, all at once); the other jobs as they are."""
+        """Each source that the ingest actors can process in ranges, as one job per range: a video
+        that ``ingest.video.range_s`` cuts, an audio stream (a file, or a video's sound track) that
+        ``ingest.audio.range_min_s`` cuts into up to one range per actor. The actors plan them (read
+        the packet indexes or headers), all at once; the other jobs stay as they are."""
         self._ranged: dict[tuple[str, str], _RangedSource] = {}
-        videos = [k for k, (_st, j) in enumerate(jobs)
-                  if j.spec.modality == "video" and j.spec.track_of is None and j.reference is None]
-        if self.config.ingest.video.range_s is None or not videos:
+        video, audio = self.config.ingest.video.range_s is not None, self.config.ingest.audio.range_min_s is not None
+        cut = [k for k, (_st, j) in enumerate(jobs) if j.reference is None and (
+            (video and j.spec.modality == "video" and j.spec.track_of is None)
+            or (audio and j.spec.modality == "audio" and len(actors) > 1))]
+        if not cut:
             return jobs
-        refs = [actors[i % len(actors)].video_ranges.remote(jobs[k][1]) for i, k in enumerate(videos)]
-        plans = dict(zip(videos, self._get(refs, "an ingest actor", on_death=lambda exc: [[]] * len(refs))))
+        refs = [actors[i % len(actors)].ranges.remote(jobs[k][1], len(actors)) for i, k in enumerate(cut)]
+        plans = dict(zip(cut, self._get(refs, "an ingest actor", on_death=lambda exc: [[]] * len(refs))))
         out: list[tuple[_SessionState, SourceJob]] = []
         for k, (st, job) in enumerate(jobs):
             ranges = plans.get(k) or []
@@ -513,9 +518,9 @@ class Runner:
             self._ranged[(job.session_id, job.spec.id)] = _RangedSource(job, len(ranges))
             out += [(st, replace(job, range=r)) for r in ranges]
             for r in ranges:  # the recordings' total counts every range from the start
-                self.display.stream_planned(stream_key(replace(job, range=r)), "video", r.seconds)
-            self.progress(f"ingest {job.session_id}/{job.spec.id} (video): {len(ranges)} ranges of about "
-                          f"{self.config.ingest.video.range_s:g} s, decoded at once")
+                self.display.stream_planned(stream_key(replace(job, range=r)), job.spec.modality, r.seconds)
+            self.progress(f"ingest {job.session_id}/{job.spec.id} ({job.spec.modality}): {len(ranges)} ranges of "
+                          f"about {sum(r.seconds for r in ranges) / len(ranges):.0f} s, processed at once")
         return out
 
     def _ingest_one(self, st: _SessionState, job: SourceJob, actor, embedder) -> None:
@@ -569,7 +574,7 @@ class Runner:
                                     status="partial" if src.events else "quarantined", events=src.events))
 
     def _range_done(self, st: _SessionState, src: _SourceStream, embedder) -> None:
-        """One range of a video is done: the next ranges' held parts go to the aligner, and after
+        """One range of a source is done: the next ranges' held parts go to the aligner, and after
         the last range the source is finished, with one lineage row for all of them."""
         job = src.job
         ranged = self._ranged[(job.session_id, job.spec.id)]
@@ -734,7 +739,7 @@ class Runner:
                 src.done = item
 
     def _range_part(self, st: _SessionState, src: _SourceStream, table: Any, path: str, latency: float) -> None:
-        """An event part of a video range: to the aligner now if its range's turn has come, else held."""
+        """An event part of a range: to the aligner now if its range's turn has come, else held."""
         job = src.job
         ranged = self._ranged[(job.session_id, job.spec.id)]
         with ranged.lock:
@@ -976,7 +981,7 @@ def stream_key(job: SourceJob) -> str:
 
 
 def ranged_sha256(streams: list[_SourceStream]) -> str | None:
-    """The sha256 of a video read in ranges (its planner hashed it whole), once a range ingested it."""
+    """The sha256 of a source read in ranges (its planner hashed it whole), once a range ingested it."""
     return streams[0].job.range.sha256 if any(s.done is not None for s in streams) else None
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from modalign.operators.ingest.audio import AudioRange
 from modalign.operators.ingest.base import SourceContext
 from modalign.operators.ingest.video import VideoRange
 from modalign.operators.modalities import DeidContext, ModalityPlan, plan_for
@@ -209,7 +210,7 @@ class IngestWorker:
         ctx = SourceContext(session_id=job.session_id, spec=job.spec, path=path, uri=job.uri,
                             version=job.version, reader=reader, window=job.range)
         if job.range is not None and not job.range.last:  # this worker's part ends where the next begins
-            end_local_ns = job.range.local_ns(job.range.end_pts)
+            end_local_ns = job.range.end_local_ns
         try:
             if job.reference is not None:
                 ctx, clock_item = self._clock(ctx, job.path, *job.reference)
@@ -466,9 +467,41 @@ class IngestWorker:
     @staticmethod
     def _owned(job: SourceJob, clean: pa.Table) -> np.ndarray | None:
         """Which rows are this job's to output: a video range's own frames, not its overlap (None: all)."""
-        if job.range is None:
-            return None
-        return job.range.owns(clean.column("pts").to_numpy())
+        return None if job.range is None else job.range.rows_owned(clean)
+
+    def ranges(self, job: SourceJob, parts: int) -> list[VideoRange] | list[AudioRange]:
+        """The ranges several workers can process ``job``'s source in ([]: whole): a video's
+        (``video_ranges``), or an audio stream's when ``parts`` (the ingest actors) is 2 or more."""
+        if job.spec.modality == "audio":
+            return self.audio_ranges(job, parts)
+        return self.video_ranges(job)
+
+    def audio_ranges(self, job: SourceJob, parts: int) -> list[AudioRange]:
+        """Up to ``parts`` ranges of ``job``'s audio stream (``ingest.audio.range_min_s``), each with the
+        whole file's sha256; [] when it is processed whole: short, splitting off, one part, a clock
+        estimated from its content, on object storage (every range reads the stream from its start),
+        or not a stream this can plan (the ingest then reports what is wrong with it)."""
+        from modalign.operators.ingest._av import open_container
+        from modalign.operators.ingest.audio import plan_ranges
+
+        cfg = self.config.ingest.audio
+        if (cfg.range_min_s is None or parts < 2 or job.spec.modality != "audio" or job.reference is not None
+                or isinstance(job.path, ObjectPath)):
+            return []
+        try:
+            with SeekableHashingReader(job.path) as reader:
+                with open_container(job.path, job.uri, stage="plan", reader=reader) as container:
+                    ranges = plan_ranges(container, cfg, parts, cfg.range_min_s)
+                if not ranges:
+                    return []
+                sha256 = "sha256:" + reader.hexdigest()
+        except (InputError, OSError, ValueError) as exc:
+            log.info("%s is processed whole: its stream could not be planned (%s)", job.uri, type(exc).__name__)
+            return []
+        except Exception:  # noqa: BLE001 -- PyAV errors: the whole decode reports them as input errors
+            log.info("%s is processed whole: its stream could not be planned", job.uri, exc_info=True)
+            return []
+        return [replace(r, sha256=sha256) for r in ranges]
 
     def video_ranges(self, job: SourceJob) -> list[VideoRange]:
         """The ranges several workers can decode ``job``'s video in (``ingest.video.range_s``), each

@@ -61,6 +61,11 @@ class AudioIngestConfig(_Strict):
     vad_floor_s: float = Field(3.0, gt=0, le=600, description="noise floor: quietest frame of this window")
     vad_hangover_ms: float = Field(200.0, ge=0, le=60_000, description="voiced for this long after the last active frame")
     vad_min_dbfs: float = Field(-55.0, ge=-200, le=0, description="frames quieter than this are never active")
+    range_min_s: float | None = Field(
+        60.0, ge=1, le=7 * DAY_S,
+        description="a longer stream is cut into up to one range per ingest actor, each at least this long, that "
+                    "the actors process at once; every range decodes the stream from its start (the output equals "
+                    "one decode's), so more ranges cost more decoding. None: each stream whole")
 
     @model_validator(mode="after")
     def _frames_fit(self) -> "AudioIngestConfig":

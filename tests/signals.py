@@ -44,3 +44,21 @@ def write_wav(path: Path, x: np.ndarray, rate: int = SR) -> Path:
         w.setframerate(rate)
         w.writeframes(pcm.tobytes())
     return path
+
+
+def write_aac(path: Path, x: np.ndarray, rate: int) -> Path:
+    """Mono float samples in ``[-1, 1]`` as AAC at ``rate`` (an ``.m4a``/``.mp4`` container by the name)."""
+    from fractions import Fraction
+
+    import av
+
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("aac", rate=rate, layout="mono")
+        for i in range(0, x.size, 1024):
+            f = av.AudioFrame.from_ndarray(np.asarray(x[i:i + 1024], np.float32)[None], format="flt", layout="mono")
+            f.sample_rate, f.pts, f.time_base = rate, i, Fraction(1, rate)
+            for pk in s.encode(f):
+                c.mux(pk)
+        for pk in s.encode(None):
+            c.mux(pk)
+    return path

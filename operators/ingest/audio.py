@@ -10,9 +10,11 @@ frame's PTS. A PTS jump forward (a gap in the recording) is filled with silence 
 sample timeline stays on the PTS; a jump backward is ignored. Raw ADTS ``.aac`` has no
 priming metadata, so its first ~2048 samples shift it by that much.
 
-The waveform exists only inside ``read`` (chunked, ``chunk_s`` at a time, with the
-window overlap carried across chunks so the output equals a one-shot computation); it is
-never returned, stored or logged. MFCCs use log-mel (``log(mel + 1e-6)``), which is
+The waveform exists only inside ``read`` (chunked, with the window overlap carried across chunks
+so the output equals a one-shot computation); it is never returned, stored or logged. Tables
+hold ``chunk_s`` of frames each and start at its multiples (frame 0, 1000, 2000, ... at 10 s),
+whatever sizes the decoder hands over. A long stream can be cut into ranges (``AudioRange``,
+``plan_ranges``) that several workers process at once, with the same rows in the same tables. MFCCs use log-mel (``log(mel + 1e-6)``), which is
 frame-local; a dB scale (torchaudio's default) clips against the chunk's maximum and would
 make chunked output depend on chunk boundaries.
 
@@ -32,6 +34,7 @@ holds is reported as ``truncated`` after the audio that is there.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -149,11 +152,183 @@ class PcmStream:
                 yield x
 
 
+@dataclass(frozen=True)
+class AudioRange:
+    """One stretch of an audio stream, for one worker (``plan_ranges``): MFCC frames
+    ``[start_frame, end_frame)`` (None: to the end) on the frame grid of a decode from the start.
+
+    Every range decodes the stream from its start, so that decoder and resampler state and the
+    gap filling are exactly a whole decode's, and de-identifies (anonymises) only what it needs:
+    its frames, the context samples of the voice transform on either side, and before its first
+    frame enough frames for the voice-activity detector's history and, on the untransformed
+    signal, the quality meter's. Its rows are then byte-identical to a whole decode's, in the
+    same tables: both are cut at the multiples of ``chunk_frames``, and so are the range borders."""
+
+    index: int
+    count: int
+    start_frame: int
+    end_frame: int | None
+    origin_ns: int  # local ns of the stream's first sample, as the container declares it
+    frames: int  # of the whole stream, as declared
+    hop: int  # samples per frame step
+    rate_hz: int
+    sha256: str | None = None  # of the whole file: a range cannot hash it on the way
+
+    @property
+    def last(self) -> bool:
+        return self.index == self.count - 1
+
+    @property
+    def end_local_ns(self) -> int | None:
+        """Where this range's output ends (local ns): the next range's first frame (None: the last)."""
+        if self.end_frame is None:
+            return None
+        return self.origin_ns + samples_to_ns(self.end_frame * self.hop, self.rate_hz)
+
+    @property
+    def seconds(self) -> float:
+        """About how much of the stream this range outputs, for progress displays."""
+        end = self.frames if self.end_frame is None else self.end_frame
+        return max(0, end - self.start_frame) * self.hop / self.rate_hz
+
+    def rows_owned(self, table: pa.Table) -> None:
+        """None: the operator outputs this range's own frames only (nothing to filter)."""
+        return None
+
+
+def plan_ranges(container: Any, config: AudioIngestConfig, parts: int, min_s: float) -> list[AudioRange]:
+    """Cut the first audio stream of ``container`` into up to ``parts`` ranges of at least ``min_s``
+    seconds each, at table borders (``AudioMfccOperator.chunk_frames``), from its declared duration;
+    [] when that makes one range, or the duration is unknown or over ``max_duration_s`` (the whole
+    decode reports that). Each range decodes the stream from its start: more of them cost more."""
+    if not container.streams.audio or parts < 2:
+        return []
+    start, end = declared_span_ns(container, container.streams.audio[0])
+    if end is None or end <= start or end - start > config.max_duration_s * NS_PER_S:
+        return []
+    seconds = (end - start) / NS_PER_S
+    count = min(parts, int(seconds // min_s))
+    if count < 2:
+        return []
+    op = AudioMfccOperator(config)
+    hop, rate, chunk = op.hop, config.sample_rate_hz, op.chunk_frames
+    total = int(seconds * rate) // hop
+    cuts = sorted({int(round(i * total / count / chunk)) * chunk for i in range(1, count)} - {0})
+    bounds: list[int | None] = [0, *cuts, None]
+    return [AudioRange(index=i, count=len(bounds) - 1, start_frame=int(bounds[i] or 0), end_frame=bounds[i + 1],
+                       origin_ns=start, frames=total, hop=hop, rate_hz=rate) for i in range(len(bounds) - 1)]
+
+
+class _Frames:
+    """The decoded samples of one stream, turned into MFCC tables of ``chunk_frames`` frames.
+
+    Tables start at the multiples of ``chunk_frames`` whatever sizes the decoder hands over, so the
+    output does not depend on the codec's frame size, and a range (``AudioRange``) that starts at a
+    multiple gets a whole decode's tables. ``push`` takes the next samples; ``cut`` yields
+    ``(first_frame, mfcc, voiced, quality)`` for every table the samples so far complete (``final``:
+    the stream has ended, the rest too).
+
+    The waveform transform (``context_samples``) gets that much untransformed input on either side
+    of the samples a table keeps, so its output never depends on the cut. A range starts earlier
+    than its first frame: it drops the samples no output depends on, feeds the quality meter the
+    loudness history its floors need, then computes (and discards) frames from the detector's
+    history on, so that its own frames' ``voiced`` and ``quality`` equal a whole decode's."""
+
+    def __init__(self, op: "AudioMfccOperator", vad: EnergyVad | None, window: AudioRange | None,
+                 source_key: str) -> None:
+        self.op, self.vad, self.source_key = op, vad, source_key
+        self.win, self.hop, self.chunk = op.win, op.hop, op.chunk_frames
+        self.tf = op.waveform_transform
+        self.margin = int(getattr(self.tf, "context_samples", 0))
+        self.meter = AudioQualityMeter(self.win, self.hop)  # on the signal as decoded, before the transform
+        self.k0 = window.start_frame if window is not None else 0
+        self.k1 = window.end_frame if window is not None else None
+        if self.k0 % self.chunk or (self.k1 is not None and self.k1 % self.chunk):
+            raise ValueError(f"audio range {window} is not cut at multiples of {self.chunk} frames (chunk_s)")
+        history = vad.floor_frames + vad.hangover if vad is not None else 0
+        self.first = max(0, self.k0 - history)  # the first frame computed (the warm-up's, for a range)
+        self.meter_from = min(self.meter.history_from(self.k0), self.first)
+        self.base = max(0, min(self.meter_from * self.hop, self.first * self.hop - self.margin))  # first sample kept
+        self.pos = 0  # stream samples pushed so far
+        self.started = self.k0 == 0
+        self.pending: list[np.ndarray] = []
+        self.held = 0  # samples in pending: from stream sample first * hop on
+        self.left = np.zeros(0, np.float32)  # the (up to) margin untransformed samples before pending
+        self.done = False  # a range's last frame is out
+
+    def frames_in(self, samples: int) -> int:
+        """Frames whose window ``samples`` samples hold in full."""
+        return (samples - self.win) // self.hop + 1 if samples >= self.win else 0
+
+    def owns_end(self, produced: int) -> bool:
+        """Whether the stream ending (or failing) after ``produced`` samples is this range's to report:
+        the first frame it did not output is one of this range's (a whole stream: always)."""
+        end = self.frames_in(produced)
+        return self.k0 <= end and (self.k1 is None or end < self.k1)
+
+    def push(self, x: np.ndarray) -> None:
+        at, self.pos = self.pos, self.pos + x.size
+        if self.pos <= self.base or self.done:
+            return
+        self.pending.append(x[max(0, self.base - at):])
+        self.held += self.pending[-1].size
+        if not self.started and self.pos >= self.first * self.hop + self.win:
+            self._start()
+
+    def _start(self) -> None:
+        """A range's warm-up: the quality meter's history up to the first frame computed, and the
+        transform's left context."""
+        hop, raw = self.hop, np.concatenate(self.pending)
+        self.meter.start_at(self.meter_from)
+        if self.first > self.meter_from:
+            self.meter.measure(raw[self.meter_from * hop - self.base:], self.first - self.meter_from)
+        at = self.first * hop - self.base
+        self.left = raw[max(0, at - self.margin):at].copy()
+        rest = raw[at:].copy()
+        self.pending, self.held, self.started = [rest], rest.size, True
+
+    def cut(self, final: bool) -> Iterator[tuple[int, np.ndarray, np.ndarray | None, tuple]]:
+        hop, win, margin = self.hop, self.win, self.margin
+        while self.started and not self.done:
+            boundary = (self.first // self.chunk + 1) * self.chunk
+            target = boundary - self.first
+            need = (target - 1) * hop + win
+            if self.held >= need + margin:
+                n, take = target, need + margin
+            elif final and self.held >= win:  # the stream's end: what is there
+                n, take = min(target, self.frames_in(self.held)), self.held
+            else:
+                return
+            raw = np.concatenate(self.pending) if len(self.pending) > 1 else self.pending[0]
+            x = raw[:take]
+            if self.tf is not None and margin:
+                x = self.tf(np.concatenate([self.left, x]), self.first * hop - self.left.size,
+                            self.source_key)[self.left.size:]
+            elif self.tf is not None:
+                x = self.tf(x)
+            x = x[:(n - 1) * hop + win]
+            feats = self.op.mfcc(x)
+            voiced = None if self.vad is None else self.vad(frame_energy_db(x, n, win, hop))
+            quality = self.meter.measure(raw, n)  # frame k's window is raw[k*hop:k*hop+win], as x's
+            used = n * hop
+            if margin:
+                self.left = np.concatenate([self.left, raw[max(0, used - margin):used]])[-margin:].copy()
+            rest = raw[used:].copy()  # < one table (+ margin), untransformed; lets the rest go
+            self.pending, self.held = ([rest] if rest.size else []), rest.size
+            first, self.first = self.first, self.first + n
+            if first >= self.k0:  # (a range's warm-up frames end at its first table's border)
+                yield first, feats, voiced, quality
+            if self.k1 is not None and self.first >= self.k1:
+                self.done = True
+
+
 class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
     """Decodes an audio source (or a video's first audio stream) into MFCC frame tables."""
 
     kind = "audio_mfcc"
-    version = "0.4.0"  # 0.3.0: the quality column; 0.4.0: MFCCs in numpy (torchaudio's within 1e-4)
+    # 0.3.0: the quality column; 0.4.0: MFCCs in numpy (torchaudio's within 1e-4); 0.5.0: tables cut at
+    # multiples of chunk_frames (were: wherever the decoded samples filled a chunk), and ranges
+    version = "0.5.0"
     modality = "audio"
     config_model = AudioMfccConfig
 
@@ -186,11 +361,17 @@ class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
         """``(frames, n_mfcc)`` float32 of a mono chunk; frame k starts at sample k*hop."""
         return self._mfcc(samples)
 
+    @property
+    def chunk_frames(self) -> int:
+        """Frames per table: tables start at the multiples of this (frame 0 of the stream on)."""
+        return max(1, int(round(self.config.chunk_s * self.config.sample_rate_hz / self.hop)))
+
     def read(self, ctx: SourceContext) -> Iterator[pa.Table]:
         import av
 
         self.ensure_setup()
         cfg, win, hop = self.config, self.win, self.hop
+        window: AudioRange | None = ctx.window
         container = open_container(ctx.path, ctx.uri, stage=self.kind, reader=ctx.reader)
         with container:
             if not container.streams.audio:
@@ -206,65 +387,44 @@ class AudioMfccOperator(SourceOperator[AudioMfccConfig]):
             if header_end is not None:
                 header_end += start
             pcm = PcmStream(container, stream, cfg.sample_rate_hz)
-            vad = self._vad() if cfg.vad else None
-            meter = AudioQualityMeter(win, hop)  # on the signal as decoded, before the voice transform
-            chunk = max(int(cfg.chunk_s * cfg.sample_rate_hz), win)
+            frames = _Frames(self, self._vad() if cfg.vad else None, window, f"{ctx.session_id}/{ctx.spec.id}")
             max_samples = int(cfg.max_duration_s * cfg.sample_rate_hz)
-            pending: list[np.ndarray] = []
-            held, first_frame = 0, 0  # samples buffered; index of the frame starting at pending[0]
-            tf = self.waveform_transform
-            # A hook with ``context_samples`` is called (samples, start_sample, source_key) with that much
-            # untransformed input on each side of what is kept, so chunking never changes its output.
-            margin = int(getattr(tf, "context_samples", 0))
-            left = np.zeros(0, np.float32)  # the (up to) ``margin`` raw samples before pending[0]
-            source_key = f"{ctx.session_id}/{ctx.spec.id}"
 
-            def emit(final: bool) -> Iterator[pa.Table]:
-                nonlocal pending, held, first_frame, left
-                if held < win or (not final and held < chunk + margin):
-                    return
-                raw = np.concatenate(pending) if len(pending) > 1 else pending[0]
-                if tf is None:
-                    x = raw
-                elif margin:
-                    y = tf(np.concatenate([left, raw]), first_frame * hop - left.size, source_key)[left.size:]
-                    x = y if final else y[:raw.size - margin]
-                else:
-                    x = tf(raw)
-                feats = self.mfcc(x)
-                n = feats.shape[0]
-                voiced = None if vad is None else vad(frame_energy_db(x, n, win, hop))
-                quality = meter.measure(raw, n)  # frame k's window is raw[k*hop:k*hop+win], as x's
-                if margin:
-                    left = np.concatenate([left, raw[max(0, n * hop - margin):n * hop]])[-margin:].copy()
-                rest = raw[n * hop:].copy()  # < one window (+ margin), untransformed; lets the chunk go
-                pending, held = ([rest] if rest.size else []), rest.size
-                yield self._table(ctx, pcm.start_ns, first_frame, feats, voiced, quality)
-                first_frame += n
+            def tables(final: bool) -> Iterator[pa.Table]:
+                for first, feats, voiced, quality in frames.cut(final):
+                    yield self._table(ctx, pcm.start_ns, first, feats, voiced, quality)
 
             def last_t() -> int | None:
                 if pcm.produced == 0:
                     return None
                 return ctx.clock.to_session(pcm.start_ns + samples_to_ns(pcm.produced - 1, cfg.sample_rate_hz))
 
+            # An error is raised by the range holding the first frame it costs (a decode from the
+            # start meets it in every later range too): the others end quietly where it stops them.
             try:
                 for x in pcm:
-                    pending.append(x)
-                    held += x.size
                     if pcm.produced > max_samples:  # keep what is within the limit, drop the rest
-                        over = pcm.produced - max_samples
-                        pending[-1], held = x[:x.size - over], held - over
-                        yield from emit(final=True)
+                        frames.push(x[:x.size - (pcm.produced - max_samples)])
+                        yield from tables(final=True)
+                        if not frames.owns_end(max_samples):
+                            return
                         limit_t = ctx.clock.to_session(pcm.start_ns + samples_to_ns(max_samples, cfg.sample_rate_hz))
                         raise LimitExceededError(f"decoded past max_duration_s={cfg.max_duration_s:.0f}; the rest "
                                                  "is dropped", source_uri=ctx.uri, stage=self.kind,
                                                  code="duration_exceeded", start_t_ns=limit_t)
-                    yield from emit(final=False)
+                    frames.push(x)
+                    yield from tables(final=False)
+                    if frames.done:  # a range's last frame: the next range goes on from there
+                        return
             except av.error.FFmpegError as e:
-                yield from emit(final=True)
+                yield from tables(final=True)
+                if not frames.owns_end(pcm.produced):
+                    return
                 raise partial_error(ctx, self.kind, container, stream, last_t(),
                                     f"decoding failed ({type(e).__name__})") from None
-            yield from emit(final=True)
+            yield from tables(final=True)
+            if not frames.owns_end(pcm.produced):
+                return
             if pcm.produced == 0:
                 raise UnreadableInputError("no audio could be decoded; check that the file plays, re-encode it",
                                            source_uri=ctx.uri, stage=self.kind)

@@ -230,6 +230,15 @@ class VideoRange:
         return pts_to_ns(pts, Fraction(*self.time_base))
 
     @property
+    def end_local_ns(self) -> int | None:
+        """Where this range's output ends (local ns): the next range's first frame (None: the last)."""
+        return None if self.end_pts is None else self.local_ns(self.end_pts)
+
+    def rows_owned(self, table: pa.Table) -> np.ndarray:
+        """Mask of the decoded rows (``pts`` column) this range outputs: not its overlap."""
+        return self.owns(table.column("pts").to_numpy())
+
+    @property
     def seconds(self) -> float:
         """About how much of the video this range outputs (from its first owned frame to the next
         range's first, or to its last packet), for progress displays."""

@@ -61,12 +61,21 @@ class AudioQualityMeter:
         self._first = 0
         self.frames = 0  # frames measured so far
 
+    def history_from(self, frame: int) -> int:
+        """The first frame whose loudness the floors of ``frame`` and every later frame need."""
+        return max(0, (frame // self.block) * self.block - self.floor_frames)
+
+    def start_at(self, frame: int) -> None:
+        """Measure from global frame ``frame`` on (a range of a stream, ``ingest.audio.AudioRange``):
+        the floors are exact from the frame whose ``history_from`` is ``frame`` or later."""
+        self._levels, self._first, self.frames = np.zeros(0, np.float64), int(frame), int(frame)
+
     def noise_floor(self, levels: np.ndarray, first: int, k: int) -> float:
         """The floor of global frame ``k``; ``levels`` holds frames from global index ``first``."""
         start = (k // self.block) * self.block
-        if start == 0:  # the first second: the frames so far
+        if start <= first:  # the first second (or a range's first, while it warms up): the frames so far
             return float(np.percentile(levels[:k - first + 1], self.percentile))
-        lo = max(0, start - self.floor_frames)
+        lo = max(first, start - self.floor_frames)  # (> the rule's start only while a range warms up)
         return float(np.percentile(levels[lo - first:start - first], self.percentile))
 
     def measure(self, x: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -88,6 +97,6 @@ class AudioQualityMeter:
             floor[i:block_end] = self.noise_floor(levels, first, k)
             i = block_end
         self.frames = k0 + n
-        keep_from = max(0, (self.frames // self.block) * self.block - self.floor_frames)
+        keep_from = max(first, self.history_from(self.frames))
         self._levels, self._first = levels[keep_from - first:].copy(), keep_from
         return loud.astype(np.float32), clip.astype(np.float32), (loud - floor).astype(np.float32)
