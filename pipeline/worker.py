@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -481,53 +481,46 @@ class IngestWorker:
         whole file's sha256; [] when it is processed whole: short, splitting off, one part, a clock
         estimated from its content, on object storage (every range reads the stream from its start),
         or not a stream this can plan (the ingest then reports what is wrong with it)."""
-        from modalign.operators.ingest._av import open_container
         from modalign.operators.ingest.audio import plan_ranges
 
         cfg = self.config.ingest.audio
         if (cfg.range_min_s is None or parts < 2 or job.spec.modality != "audio" or job.reference is not None
                 or isinstance(job.path, ObjectPath)):
             return []
-        try:
-            with SeekableHashingReader(job.path) as reader:
-                with open_container(job.path, job.uri, stage="plan", reader=reader) as container:
-                    ranges = plan_ranges(container, cfg, parts, cfg.range_min_s)
-                if not ranges:
-                    return []
-                sha256 = "sha256:" + reader.hexdigest()
-        except (InputError, OSError, ValueError) as exc:
-            log.info("%s is processed whole: its stream could not be planned (%s)", job.uri, type(exc).__name__)
-            return []
-        except Exception:  # noqa: BLE001 -- PyAV errors: the whole decode reports them as input errors
-            log.info("%s is processed whole: its stream could not be planned", job.uri, exc_info=True)
-            return []
-        return [replace(r, sha256=sha256) for r in ranges]
+        return self._planned(job, lambda container: plan_ranges(container, cfg, parts, cfg.range_min_s))
 
     def video_ranges(self, job: SourceJob) -> list[VideoRange]:
         """The ranges several workers can decode ``job``'s video in (``ingest.video.range_s``), each
         with the whole file's sha256; [] when it is decoded whole: short, splitting off, a clock
         estimated from its content, on object storage (a second whole read), keyframes only, or
         not a video this can plan (the ingest then reports what is wrong with it)."""
-        from modalign.operators.ingest._av import open_container
         from modalign.operators.ingest.video import plan_ranges
 
         cfg = self.config.ingest.video
         if (cfg.range_s is None or job.spec.modality != "video" or job.spec.track_of is not None
                 or job.reference is not None or cfg.keyframes_only or isinstance(job.path, ObjectPath)):
             return []
+        return self._planned(job, lambda container: plan_ranges(container, cfg.range_s, cfg.range_overlap_s)
+                             if container.streams.video else [])
+
+    @staticmethod
+    def _planned(job: SourceJob, plan: Callable[[Any], list]) -> list:
+        """``plan(container)``'s ranges of ``job``'s file, each with the whole file's sha256 (read on the
+        way, the rest after); [] when it makes none or the file cannot be planned (its whole decode then
+        reports what is wrong with it)."""
+        from modalign.operators.ingest._av import open_container
+
         try:
             with SeekableHashingReader(job.path) as reader:
                 with open_container(job.path, job.uri, stage="plan", reader=reader) as container:
-                    if not container.streams.video:
-                        return []
-                    ranges = plan_ranges(container, cfg.range_s, cfg.range_overlap_s)
+                    ranges = plan(container)
                 if not ranges:
                     return []
                 sha256 = "sha256:" + reader.hexdigest()  # reads only what the demuxer did not
         except (InputError, OSError, ValueError) as exc:
-            log.info("%s is decoded whole: its packets could not be indexed (%s)", job.uri, type(exc).__name__)
+            log.info("%s is processed whole: it could not be planned (%s)", job.uri, type(exc).__name__)
             return []
         except Exception:  # noqa: BLE001 -- PyAV errors: the whole decode reports them as input errors
-            log.info("%s is decoded whole: its packets could not be indexed", job.uri, exc_info=True)
+            log.info("%s is processed whole: it could not be planned", job.uri, exc_info=True)
             return []
         return [replace(r, sha256=sha256) for r in ranges]

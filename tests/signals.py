@@ -46,16 +46,33 @@ def write_wav(path: Path, x: np.ndarray, rate: int = SR) -> Path:
     return path
 
 
-def write_aac(path: Path, x: np.ndarray, rate: int) -> Path:
-    """Mono float samples in ``[-1, 1]`` as AAC at ``rate`` (an ``.m4a``/``.mp4`` container by the name)."""
+
+def encode_audio(path: Path, x: np.ndarray, rate: int, *, codec: str = "aac", fmt: str = "flt",
+                 video: bool = False) -> Path:
+    """Mono float samples in ``[-1, 1]`` encoded with ``codec`` from sample format ``fmt`` (``s16``:
+    scaled to 16 bits) at ``rate``, in the container the name says; ``video``: with a black 64x48
+    10 fps video stream as long as the sound."""
     from fractions import Fraction
 
     import av
 
     with av.open(str(path), "w") as c:
-        s = c.add_stream("aac", rate=rate, layout="mono")
+        s = c.add_stream(codec, rate=rate, layout="mono")
+        s.format = fmt
+        if video:  # every stream is added before the first packet is muxed
+            v = c.add_stream("libx264", rate=10)
+            v.width, v.height, v.pix_fmt = 64, 48, "yuv420p"
+            for i in range(int(10 * x.size / rate)):
+                f = av.VideoFrame.from_ndarray(np.zeros((48, 64, 3), np.uint8), format="rgb24")
+                f.pts = i
+                for pk in v.encode(f):
+                    c.mux(pk)
+            for pk in v.encode(None):
+                c.mux(pk)
         for i in range(0, x.size, 1024):
-            f = av.AudioFrame.from_ndarray(np.asarray(x[i:i + 1024], np.float32)[None], format="flt", layout="mono")
+            chunk = np.asarray(x[i:i + 1024], np.float32)
+            arr = (chunk * 32767).astype(np.int16)[None] if fmt == "s16" else chunk[None]
+            f = av.AudioFrame.from_ndarray(arr, format=fmt, layout="mono")
             f.sample_rate, f.pts, f.time_base = rate, i, Fraction(1, rate)
             for pk in s.encode(f):
                 c.mux(pk)

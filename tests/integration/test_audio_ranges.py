@@ -15,7 +15,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 from media_faults import fail_after
-from signals import HI, noise_bursts, write_aac
+from signals import HI, encode_audio, noise_bursts
 
 from modalign.operators.ingest.audio import AudioMfccOperator, AudioRange
 from modalign.operators.ingest.base import SourceContext
@@ -41,7 +41,7 @@ def talk(tmp_path_factory) -> SourceJob:
     rng = np.random.default_rng(7)
     t = np.arange(14 * RATE) / RATE
     x = np.interp(t * HI, np.arange(14 * HI), noise_bursts(14.0, seed=7)) + 0.01 * rng.standard_normal(t.size)
-    path = write_aac(tmp_path_factory.mktemp("audio-ranges") / "talk.m4a", x, RATE)
+    path = encode_audio(tmp_path_factory.mktemp("audio-ranges") / "talk.m4a", x, RATE)
     spec = SourceSpec(id="talk", uri=path.name, modality="audio")
     return SourceJob(run_id="r" * 32, session_id="s", spec=spec, path=path, uri=path.as_uri(),
                      version=stat_version(path))

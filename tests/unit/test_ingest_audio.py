@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from media_faults import fail_after
+from signals import encode_audio
 from modalign.operators.ingest.audio import AudioMfccConfig, AudioMfccOperator, PcmStream, audio_mfcc_schema, decode_audio
 from modalign.operators.ingest.base import SourceContext
 from modalign.schemas.errors import InputError, LimitExceededError, UnreadableInputError, UnsupportedInputError
@@ -32,31 +33,7 @@ def signal(duration_s: float = 2.0) -> np.ndarray:
 
 
 def encode(path: Path, codec: str, fmt: str, x: np.ndarray, video: bool = False) -> Path:
-    import av
-
-    with av.open(str(path), "w") as c:
-        s = c.add_stream(codec, rate=SR, layout="mono")
-        s.format = fmt
-        if video:  # every stream is added before the first packet is muxed
-            v = c.add_stream("libx264", rate=10)
-            v.width, v.height, v.pix_fmt = 64, 48, "yuv420p"
-            for i in range(int(10 * x.size / SR)):
-                f = av.VideoFrame.from_ndarray(np.zeros((48, 64, 3), np.uint8), format="rgb24")
-                f.pts = i
-                for pk in v.encode(f):
-                    c.mux(pk)
-            for pk in v.encode(None):
-                c.mux(pk)
-        for i in range(0, x.size, 1024):
-            chunk = x[i:i + 1024]
-            arr = (chunk * 32767).astype(np.int16)[None] if fmt == "s16" else chunk[None]
-            f = av.AudioFrame.from_ndarray(arr, format=fmt, layout="mono")
-            f.sample_rate, f.pts, f.time_base = SR, i, Fraction(1, SR)
-            for pk in s.encode(f):
-                c.mux(pk)
-        for pk in s.encode(None):
-            c.mux(pk)
-    return path
+    return encode_audio(path, x, SR, codec=codec, fmt=fmt, video=video)
 
 
 @pytest.fixture(scope="session")
