@@ -47,6 +47,21 @@ def write_wav(path: Path, x: np.ndarray, rate: int = SR) -> Path:
 
 
 
+def mux_black_video(container, frames: int) -> None:
+    """Add a black 64x48 10 fps H.264 stream of ``frames`` frames to an open PyAV output ``container``."""
+    import av
+
+    v = container.add_stream("libx264", rate=10)
+    v.width, v.height, v.pix_fmt = 64, 48, "yuv420p"
+    for i in range(frames):
+        f = av.VideoFrame.from_ndarray(np.zeros((48, 64, 3), np.uint8), format="rgb24")
+        f.pts = i
+        for pk in v.encode(f):
+            container.mux(pk)
+    for pk in v.encode(None):
+        container.mux(pk)
+
+
 def encode_audio(path: Path, x: np.ndarray, rate: int, *, codec: str = "aac", fmt: str = "flt",
                  video: bool = False) -> Path:
     """Mono float samples in ``[-1, 1]`` encoded with ``codec`` from sample format ``fmt`` (``s16``:
@@ -60,15 +75,7 @@ def encode_audio(path: Path, x: np.ndarray, rate: int, *, codec: str = "aac", fm
         s = c.add_stream(codec, rate=rate, layout="mono")
         s.format = fmt
         if video:  # every stream is added before the first packet is muxed
-            v = c.add_stream("libx264", rate=10)
-            v.width, v.height, v.pix_fmt = 64, 48, "yuv420p"
-            for i in range(int(10 * x.size / rate)):
-                f = av.VideoFrame.from_ndarray(np.zeros((48, 64, 3), np.uint8), format="rgb24")
-                f.pts = i
-                for pk in v.encode(f):
-                    c.mux(pk)
-            for pk in v.encode(None):
-                c.mux(pk)
+            mux_black_video(c, int(10 * x.size / rate))
         for i in range(0, x.size, 1024):
             chunk = np.asarray(x[i:i + 1024], np.float32)
             arr = (chunk * 32767).astype(np.int16)[None] if fmt == "s16" else chunk[None]

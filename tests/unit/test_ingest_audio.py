@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from media_faults import fail_after
-from signals import encode_audio
+from signals import encode_audio, mux_black_video
 from modalign.operators.ingest.audio import AudioMfccConfig, AudioMfccOperator, PcmStream, audio_mfcc_schema, decode_audio
 from modalign.operators.ingest.base import SourceContext
 from modalign.schemas.errors import InputError, LimitExceededError, UnreadableInputError, UnsupportedInputError
@@ -147,15 +147,7 @@ def test_video_without_audio_is_unsupported(tmp_path):
 
     path = tmp_path / "silent.mp4"
     with av.open(str(path), "w") as c:
-        v = c.add_stream("libx264", rate=10)
-        v.width, v.height, v.pix_fmt = 64, 48, "yuv420p"
-        for i in range(5):
-            f = av.VideoFrame.from_ndarray(np.zeros((48, 64, 3), np.uint8), format="rgb24")
-            f.pts = i
-            for pk in v.encode(f):
-                c.mux(pk)
-        for pk in v.encode(None):
-            c.mux(pk)
+        mux_black_video(c, 5)
     with pytest.raises(UnsupportedInputError) as e:
         list(AudioMfccOperator().read(ctx_for(path)))
     assert e.value.code == "no_audio_stream"
