@@ -14,9 +14,9 @@ The waveform exists only inside ``read`` (chunked, with the window overlap carri
 so the output equals a one-shot computation); it is never returned, stored or logged. Tables
 hold ``chunk_s`` of frames each and start at its multiples (frame 0, 1000, 2000, ... at 10 s),
 whatever sizes the decoder hands over. A long stream can be cut into ranges (``AudioRange``,
-``plan_ranges``) that several workers process at once, with the same rows in the same tables. MFCCs use log-mel (``log(mel + 1e-6)``), which is
-frame-local; a dB scale (torchaudio's default) clips against the chunk's maximum and would
-make chunked output depend on chunk boundaries.
+``plan_ranges``) that several workers process at once, with the same rows in the same tables.
+MFCCs use log-mel (``log(mel + 1e-6)``), which is frame-local; a dB scale (torchaudio's default)
+clips against the chunk's maximum and would make chunked output depend on chunk boundaries.
 
 ``voiced`` (when ``vad``) flags each MFCC frame by an energy voice-activity detector on the
 same frame grid (``modalign.operators.ingest.vad``: log-energy over an adaptive noise floor, with
